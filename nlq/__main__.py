@@ -1,0 +1,3 @@
+from nlq.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,55 @@
+"""The `nlq` command (also `python -m nlq`). Each subcommand lives beside the code it drives
+(nlq/<package>/cli.py exposes COMMANDS = {name: (help, add_arguments, run)}).
+
+An NlqError is printed as one line `nlq: error: ...` with exit status 2; --debug shows the
+traceback instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from nlq import __version__
+from nlq.errors import NlqError
+
+# Packages whose cli module contributes subcommands, in the order `nlq --help` lists them.
+COMMAND_MODULES = ["nlq.model.cli", "nlq.data.cli", "nlq.train.cli", "nlq.experiments.cli"]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="nlq", description="Nonlinear-query attention: models, data, training, reports."
+    )
+    parser.add_argument("--version", action="version", version=f"nlq {__version__}")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks on errors")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for modname in COMMAND_MODULES:
+        try:
+            mod = importlib.import_module(modname)
+        except ModuleNotFoundError as e:
+            if e.name == modname:  # a package without commands yet
+                continue
+            raise
+        for name, (help_, add_arguments, run) in mod.COMMANDS.items():
+            p = sub.add_parser(name, help=help_, description=help_)
+            p.add_argument("--debug", action="store_true", help="show tracebacks on errors")
+            add_arguments(p)
+            p.set_defaults(_run=run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args._run(args) or 0)
+    except NlqError as e:
+        if args.debug:
+            raise
+        print(f"nlq: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("nlq: interrupted", file=sys.stderr)
+        return 130

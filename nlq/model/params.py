@@ -1,0 +1,36 @@
+"""Exact parameter counts, and the MLP width that grows a model by +P% non-embedding params.
+
+Counts come from the real module built on the meta device (no memory, no init cost), so
+they can never drift from the model code.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from nlq.config import ModelConfig
+from nlq.model.transformer import Transformer
+
+
+def count_params(cfg: ModelConfig) -> tuple[int, int]:
+    """(total, non-embedding) parameters; a tied matrix counts once."""
+    with torch.device("meta"):
+        m = Transformer(cfg)
+    return m.num_params(), m.num_params(non_embedding=True)
+
+
+def mlp_width_for_pct(cfg: ModelConfig, pct: float) -> int:
+    """The MLP width whose non-embedding count comes closest to (1 + pct/100) times cfg's.
+    For GPT-3 small and +12.5% this gives the paper's 4.75d = 3648 (+12.497%)."""
+    h0 = cfg.mlp_width
+    n0 = count_params(cfg)[1]
+    n1 = count_params(dataclasses.replace(cfg, mlp_hidden=h0 + 1))[1]
+    per_unit = n1 - n0  # the count is linear in the width: 2 d per layer (+1 with bias)
+    target = n0 * (1.0 + pct / 100.0)
+    return max(1, h0 + round((target - n0) / per_unit))
+
+
+def pct_vs(n: int, base: int) -> float:
+    return 100.0 * (n - base) / base

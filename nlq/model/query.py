@@ -1,0 +1,124 @@
+"""Query modules: the one swappable part of attention.
+
+Legend: B batch, T time, C = d_model, r = nl_rank.
+Each module maps the block's pre-attention normalised input x (B, T, C) to the query
+(B, T, C) and exposes `scale_factor`, a constant the attention multiplies into its logit
+scale (1 except for the folded nonlinear query). Keys and values are not here: they are
+`attn.k_proj` / `attn.v_proj` in every variant, so their weights move between variants.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from nlq.config import ModelConfig
+
+
+class RMSNorm(nn.Module):
+    """RMSNorm with a learnable gain (no bias); F.rms_norm is the fused kernel."""
+
+    def __init__(self, dim: int, eps: float = 1e-5):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
+
+
+def make_norm(kind: str, dim: int, bias: bool, eps: float) -> nn.Module:
+    if kind == "layernorm":
+        return nn.LayerNorm(dim, eps=eps, bias=bias)
+    if kind == "rmsnorm":
+        return RMSNorm(dim, eps=eps)
+    return nn.Identity()
+
+
+ACTIVATIONS = {
+    "gelu": nn.GELU,
+    "gelu_tanh": lambda: nn.GELU(approximate="tanh"),
+    "relu": nn.ReLU,
+    "silu": nn.SiLU,
+    "tanh": nn.Tanh,
+}
+
+
+class LinearQuery(nn.Module):
+    """Q = X W_Q: the standard projection (d^2 parameters)."""
+
+    scale_factor = 1.0
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.proj = nn.Linear(cfg.d_model, cfg.d_model, bias=cfg.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.proj(x)
+
+
+class IdentityQuery(nn.Module):
+    """Q = X: W_Q = I, no parameters (Karbevski & Mijoski, arXiv 2510.23912)."""
+
+    scale_factor = 1.0
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x
+
+
+class ResidualQuery(nn.Module):
+    """Q = X + X W_Q: a linear residual, same parameter count as linear."""
+
+    scale_factor = 1.0
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.proj = nn.Linear(cfg.d_model, cfg.d_model, bias=cfg.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.proj(x)
+
+
+class NonlinearQuery(nn.Module):
+    """Q = (X + f(X)) / 2,  f(X) = LN(GELU(RMSNorm(X) W1) W2)  (Karbevski 2026, eq. for Q(X)).
+
+    W1: C x r, W2: r x C with r = C/2 by default, so f has C^2 weights plus two norm gains.
+    The identity term anchors f to the known-good identity query. With nl_half = "fold"
+    forward returns X + f(X) and the 1/2 moves into the attention scale (scale_factor = 0.5),
+    as the official code does (scale 1/(2 sqrt(hs))); "explicit" returns (X + f(X)) / 2.
+    """
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.in_norm = make_norm(cfg.nl_in_norm, cfg.d_model, cfg.bias, cfg.norm_eps)
+        self.w1 = nn.Linear(cfg.d_model, cfg.rank, bias=cfg.bias)
+        self.act = ACTIVATIONS[cfg.nl_act]()
+        self.w2 = nn.Linear(cfg.rank, cfg.d_model, bias=cfg.bias)
+        # The output norm starts at weight 1, bias 0 (nn defaults): f(X) has zero mean and
+        # unit variance per token at init, on the scale of the normalised X (PAPER.md).
+        self.out_norm = make_norm(cfg.nl_out_norm, cfg.d_model, cfg.bias, cfg.norm_eps)
+        self.explicit_half = cfg.nl_half == "explicit"
+        self.scale_factor = 1.0 if self.explicit_half else 0.5
+
+    def f(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out_norm(self.w2(self.act(self.w1(self.in_norm(x)))))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q = x + self.f(x)
+        return 0.5 * q if self.explicit_half else q
+
+
+QUERIES: dict[str, type[nn.Module]] = {
+    "linear": LinearQuery,
+    "identity": IdentityQuery,
+    "residual": ResidualQuery,
+    "nonlinear": NonlinearQuery,
+}
+
+
+def make_query(cfg: ModelConfig) -> nn.Module:
+    return QUERIES[cfg.query](cfg)

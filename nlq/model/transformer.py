@@ -1,0 +1,238 @@
+"""The transformer: decoder (causal LM), encoder (bidirectional, masked LM) and prefix-LM.
+
+Legend: B batch, T time, C = d_model, nh query heads, nkv key/value heads, hs head size,
+V vocab. Pre-LN blocks as GPT-2 / nanoGPT. The model is single-device: it never imports
+torch.distributed; parallelism wraps it from outside (nlq/train/dist.py).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
+
+from nlq.config import ModelConfig, _build_section, validate, Config
+from nlq.errors import NlqError
+from nlq.model.query import RMSNorm, make_query
+
+
+def rope_cache(cfg: ModelConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin of shape (T, hs/2) for rotary embeddings (Su et al. 2021)."""
+    hs = cfg.head_dim
+    inv_freq = 1.0 / (cfg.rope_base ** (torch.arange(0, hs, 2, dtype=torch.float32) / hs))
+    angles = torch.outer(torch.arange(cfg.block_size, dtype=torch.float32), inv_freq)
+    return angles.cos(), angles.sin()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate pairs (x1, x2) = the two halves of hs (GPT-NeoX convention). x: (B, h, T, hs)."""
+    T = x.shape[-2]
+    cos, sin = cos[:T].to(x.dtype), sin[:T].to(x.dtype)
+    x1, x2 = x.chunk(2, dim=-1)  # (B, h, T, hs/2) each
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+
+
+class Attention(nn.Module):
+    """Self-attention with a pluggable query (`self.q`), linear keys and values."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.nh, self.nkv, self.hs = cfg.n_head, cfg.kv_heads, cfg.head_dim
+        self.q = make_query(cfg)
+        self.k_proj = nn.Linear(cfg.d_model, self.nkv * self.hs, bias=cfg.bias)
+        self.v_proj = nn.Linear(cfg.d_model, self.nkv * self.hs, bias=cfg.bias)
+        self.o_proj = nn.Linear(cfg.d_model, cfg.d_model, bias=cfg.bias)
+        self.qk_norm = cfg.qk_norm
+        if cfg.qk_norm:
+            self.q_norm = RMSNorm(self.hs, cfg.norm_eps)
+            self.k_norm = RMSNorm(self.hs, cfg.norm_eps)
+        base = cfg.attn_scale if cfg.attn_scale is not None else 1.0 / math.sqrt(self.hs)
+        self.scale = base * self.q.scale_factor  # the folded 1/2 of the nonlinear query
+        self.dropout = cfg.dropout
+        self.resid_drop = nn.Dropout(cfg.dropout)
+
+    def forward(self, x, mask=None, is_causal=False, rope=None):
+        B, T, C = x.shape
+        q = self.q(x).view(B, T, self.nh, self.hs).transpose(1, 2)  # (B, nh, T, hs)
+        k = self.k_proj(x).view(B, T, self.nkv, self.hs).transpose(1, 2)  # (B, nkv, T, hs)
+        v = self.v_proj(x).view(B, T, self.nkv, self.hs).transpose(1, 2)  # (B, nkv, T, hs)
+        if self.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        if rope is not None:
+            q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+        y = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, is_causal=is_causal, scale=self.scale,
+            dropout_p=self.dropout if self.training else 0.0, enable_gqa=self.nkv != self.nh,
+        )  # (B, nh, T, hs)
+        y = y.transpose(1, 2).reshape(B, T, C)  # (B, T, C)
+        return self.resid_drop(self.o_proj(y))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.fc = nn.Linear(cfg.d_model, cfg.mlp_width, bias=cfg.bias)
+        self.act = nn.GELU()
+        self.proj = nn.Linear(cfg.mlp_width, cfg.d_model, bias=cfg.bias)
+        self.drop = nn.Dropout(cfg.dropout)
+
+    def forward(self, x):
+        return self.drop(self.proj(self.act(self.fc(x))))
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps, bias=cfg.bias)
+        self.attn = Attention(cfg)
+        self.ln_2 = nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps, bias=cfg.bias)
+        self.mlp = MLP(cfg)
+
+    def forward(self, x, mask=None, is_causal=False, rope=None):
+        # The query sees ln_1(x): "X is the block's pre-attention normalised input".
+        x = x + self.attn(self.ln_1(x), mask, is_causal, rope)
+        return x + self.mlp(self.ln_2(x))
+
+
+def prefix_lm_mask(T: int, prefix_len, device=None) -> torch.Tensor:
+    """Boolean (T, T) or (B, 1, T, T) mask, True = may attend: causal, plus full attention
+    among the first prefix_len positions. prefix_len: int or LongTensor (B,)."""
+    i = torch.arange(T, device=device)
+    causal = i[:, None] >= i[None, :]  # (T, T)
+    if isinstance(prefix_len, int):
+        return causal | (i[None, :] < prefix_len) & (i[:, None] < prefix_len)
+    p = prefix_len.to(device).view(-1, 1, 1, 1)  # (B, 1, 1, 1)
+    return causal | ((i[None, :] < p) & (i[:, None] < p))  # (B, 1, T, T)
+
+
+class Transformer(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.wte = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.wpe = nn.Embedding(cfg.block_size, cfg.d_model) if cfg.pos_emb == "learned" else None
+        self.drop = nn.Dropout(cfg.dropout)
+        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))
+        self.ln_f = nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps, bias=cfg.bias)
+        self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        if cfg.tie_embeddings:
+            self.lm_head.weight = self.wte.weight
+        if cfg.pos_emb == "rope":
+            cos, sin = rope_cache(cfg)
+            self.register_buffer("rope_cos", cos, persistent=False)
+            self.register_buffer("rope_sin", sin, persistent=False)
+        self.reset_parameters()
+
+    @torch.no_grad()
+    def reset_parameters(self) -> None:
+        """GPT-2 / nanoGPT init: N(0, 0.02) for weights and embeddings, zero biases, residual
+        output projections N(0, 0.02 / sqrt(2 n_layer)); norms at weight 1, bias 0."""
+        std = self.cfg.init_std
+        for name, mod in self.named_modules():
+            if isinstance(mod, nn.Linear):
+                resid = name.endswith("attn.o_proj") or name.endswith("mlp.proj")
+                nn.init.normal_(mod.weight, 0.0, std / math.sqrt(2 * self.cfg.n_layer) if resid else std)
+                if mod.bias is not None:
+                    nn.init.zeros_(mod.bias)
+            elif isinstance(mod, nn.Embedding):
+                nn.init.normal_(mod.weight, 0.0, std)
+            elif isinstance(mod, (nn.LayerNorm, RMSNorm)):
+                nn.init.ones_(mod.weight)
+                if getattr(mod, "bias", None) is not None:
+                    nn.init.zeros_(mod.bias)
+
+    def forward(self, idx, targets=None, attn_mask=None, prefix_len=None, reduction="mean"):
+        """idx: (B, T) token ids. targets: (B, T), -1 = no loss. attn_mask: bool, broadcastable
+        to (B, nh, T, T), True = may attend; it replaces the arch's default mask. prefix_len:
+        int or (B,) for the prefix-LM. Returns (logits (B, T, V), loss or None)."""
+        B, T = idx.shape
+        if T > self.cfg.block_size:
+            raise ValueError(f"sequence length {T} exceeds block_size {self.cfg.block_size}")
+        mask, is_causal = attn_mask, False
+        if mask is None:
+            if self.cfg.arch == "prefix" and prefix_len is not None:
+                mask = prefix_lm_mask(T, prefix_len, idx.device)
+            else:
+                is_causal = self.cfg.arch != "encoder"
+        x = self.wte(idx)  # (B, T, C)
+        if self.wpe is not None:
+            x = x + self.wpe(torch.arange(T, device=idx.device))
+        x = self.drop(x)
+        rope = (self.rope_cos, self.rope_sin) if self.cfg.pos_emb == "rope" else None
+        for block in self.blocks:
+            x = block(x, mask, is_causal, rope)
+        logits = self.lm_head(self.ln_f(x))  # (B, T, V)
+        loss = None
+        if targets is not None:
+            loss = F.cross_entropy(
+                logits.float().view(B * T, -1), targets.reshape(B * T),  # (B*T, V), (B*T,)
+                ignore_index=-1, reduction=reduction,
+            )
+        return logits, loss
+
+    # -- parameter counts ------------------------------------------------------------
+    def num_params(self, non_embedding: bool = False) -> int:
+        """A tied matrix counts once. Non-embedding drops the token and position tables
+        (the paper's convention, PAPER.md)."""
+        n = sum(p.numel() for p in self.parameters())
+        if non_embedding:
+            n -= self.wte.weight.numel()
+            if self.wpe is not None:
+                n -= self.wpe.weight.numel()
+            # an untied output head is a parameter of its own: it stays in non-embedding
+        return n
+
+    # -- weights on disk -------------------------------------------------------------
+    def weights(self) -> dict[str, torch.Tensor]:
+        """State dict without the tied alias (safetensors stores no shared tensors)."""
+        sd = self.state_dict()
+        if self.cfg.tie_embeddings:
+            sd.pop("lm_head.weight")
+        return {k: v.detach().contiguous() for k, v in sd.items()}
+
+    def load_weights(self, sd: dict[str, torch.Tensor], strict: bool = True) -> list[str]:
+        """Load a weights() dict. strict=False loads what matches by name and shape (e.g.
+        K/V/MLP of a linear checkpoint into a nonlinear model) and returns what was skipped."""
+        own = self.state_dict()
+        if self.cfg.tie_embeddings:
+            own.pop("lm_head.weight")
+        skipped = [k for k in own if k not in sd or sd[k].shape != own[k].shape]
+        extra = [k for k in sd if k not in own]
+        if strict and (skipped or extra):
+            raise NlqError(
+                f"weights do not fit this model: missing or reshaped {skipped[:4]}, "
+                f"unexpected {extra[:4]}"
+            )
+        with torch.no_grad():
+            for k, v in own.items():
+                if k in sd and sd[k].shape == v.shape:
+                    v.copy_(sd[k])
+        return skipped
+
+    def save_pretrained(self, path: str | Path) -> None:
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        save_file(self.weights(), str(path / "model.safetensors"))
+        cfg = {f: getattr(self.cfg, f) for f in self.cfg.__dataclass_fields__}
+        (path / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True))
+
+    @classmethod
+    def from_pretrained(cls, path: str | Path, **overrides) -> "Transformer":
+        """Load save_pretrained() output. overrides change model keys (e.g. query=...); the
+        weights that still fit are loaded and the rest keep their init."""
+        path = Path(path)
+        try:
+            raw = json.loads((path / "config.json").read_text())
+        except FileNotFoundError:
+            raise NlqError(f"no config.json in {path}") from None
+        raw.update(overrides)
+        cfg = _build_section("model", ModelConfig, raw)
+        validate(Config(model=cfg))
+        model = cls(cfg)
+        model.load_weights(load_file(str(path / "model.safetensors")), strict=not overrides)
+        return model
