@@ -1,0 +1,142 @@
+"""The batch schedule: every arm sees the same windows in the same order, with no index files.
+
+The official code stores the shared sample order in index files of several GB (PAPER.md).
+Here a window's start is a pure function of (data seed, step, global window index), drawn
+from a counter-seeded numpy generator, so the schedule costs O(1) memory and a resumed run
+continues with exactly the batch it would have seen: the only state is the step number.
+
+Global batch at a step: grad_accum micro-batches of micro_batch windows of T+1 tokens,
+the same whatever the world size. Rank r of W runs grad_accum / W micro-steps and takes the
+contiguous share j = r * (grad_accum / W) + m of the global micro-batches.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from nlq.errors import NlqError
+
+# Independent streams of the data seed (numpy SeedSequence entropy words).
+_TRAIN, _VAL, _MLM_TRAIN, _MLM_VAL = 0, 1, 2, 3
+
+
+@dataclass
+class TokenData:
+    """A folder written by `nlq prepare`: train.bin / val.bin memmaps plus meta.json."""
+
+    dir: Path
+    meta: dict
+    train: np.ndarray
+    val: np.ndarray
+
+    @classmethod
+    def open(cls, dir: str | Path) -> "TokenData":
+        d = Path(dir)
+        meta_path = d / "meta.json"
+        if not d.is_dir():
+            raise NlqError(f"data dir not found: {d} (run `nlq prepare --out {d}` first)")
+        if not meta_path.is_file():
+            raise NlqError(f"no meta.json in data dir {d} (run `nlq prepare --out {d}`)")
+        try:
+            meta = json.loads(meta_path.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise NlqError(f"{meta_path} is not valid JSON: {e}") from None
+        try:
+            dtype = np.dtype(meta["dtype"])
+        except (KeyError, TypeError):
+            raise NlqError(f"{meta_path} has no valid 'dtype' (uint16 or uint32)") from None
+        splits = {}
+        for split in ("train", "val"):
+            path = d / f"{split}.bin"
+            if not path.is_file():
+                raise NlqError(f"missing {path} (re-run `nlq prepare --out {d} --force`)")
+            n = path.stat().st_size // dtype.itemsize
+            want = meta.get(f"{split}_tokens")
+            if path.stat().st_size % dtype.itemsize or (want is not None and n != want):
+                raise NlqError(
+                    f"{path} holds {path.stat().st_size} bytes but meta.json says {want} "
+                    f"{dtype.name} tokens: the file is truncated or from another run "
+                    f"(re-run `nlq prepare --out {d} --force`)"
+                )
+            splits[split] = np.memmap(path, dtype=dtype, mode="r") if n else np.zeros(0, dtype)
+        return cls(d, meta, splits["train"], splits["val"])
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.meta["vocab_size"])
+
+    def check(self, vocab_size: int, block_size: int, eval_windows: int = 1) -> None:
+        """Errors for shards the model cannot use: another vocab, too short for a window."""
+        if self.vocab_size > vocab_size:
+            raise NlqError(
+                f"data in {self.dir} has vocab {self.vocab_size} (tokenizer "
+                f"{self.meta.get('tokenizer')!r}) but model.vocab_size = {vocab_size}: set "
+                f"model.vocab_size >= {self.vocab_size} or prepare data with another tokenizer"
+            )
+        for split, arr in (("train", self.train), ("val", self.val)):
+            if len(arr) < block_size + 1:
+                raise NlqError(
+                    f"{self.dir}/{split}.bin has {len(arr)} tokens, too short for one window "
+                    f"of model.block_size + 1 = {block_size + 1}"
+                )
+
+
+def _starts(rng: np.random.Generator, n_tokens: int, T: int, count: int) -> np.ndarray:
+    # A window is T+1 tokens, so the last valid start is n_tokens - T - 1.
+    return rng.integers(0, n_tokens - T, size=count, dtype=np.int64)
+
+
+def _gather(data: np.ndarray, starts: np.ndarray, T: int) -> torch.Tensor:
+    idx = starts[:, None] + np.arange(T + 1)[None, :]  # (B, T+1)
+    return torch.from_numpy(data[idx].astype(np.int64))  # (B, T+1)
+
+
+def micro_indices(grad_accum: int, rank: int, world: int) -> range:
+    """The global micro-batch indices that rank `rank` of `world` runs at every step."""
+    if grad_accum % world:
+        raise NlqError(
+            f"train.grad_accum = {grad_accum} must be divisible by the world size {world} so "
+            f"the global batch stays as configured"
+        )
+    per = grad_accum // world
+    return range(rank * per, (rank + 1) * per)
+
+
+def train_batch(data: np.ndarray, seed: int, step: int, micro: int, micro_batch: int,
+                grad_accum: int, T: int) -> torch.Tensor:
+    """Windows (micro_batch, T+1) of global micro-batch `micro` at optimizer step `step`."""
+    rng = np.random.default_rng([seed, _TRAIN, step])
+    starts = _starts(rng, len(data), T, grad_accum * micro_batch)  # the whole global batch
+    return _gather(data, starts[micro * micro_batch:(micro + 1) * micro_batch], T)
+
+
+def val_windows(data: np.ndarray, seed: int, count: int, T: int) -> torch.Tensor:
+    """The fixed eval set: `count` windows (count, T+1), the same for every arm and eval."""
+    rng = np.random.default_rng([seed, _VAL])
+    return _gather(data, _starts(rng, len(data), T, count), T)
+
+
+def mlm_corrupt(tokens: torch.Tensor, seed: int, key: tuple[int, ...], prob: float,
+                mask_id: int, vocab_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """BERT masking (Devlin et al. 2019): choose `prob` of the positions; of those 80% become
+    mask_id, 10% a random token, 10% stay. Returns (inputs, targets with -1 = no loss). The
+    draw is a function of (seed, key), so every arm and world size masks the same tokens."""
+    rng = np.random.default_rng([seed, *key])
+    u = rng.random(tokens.shape)
+    how = rng.random(tokens.shape)
+    rand_tok = rng.integers(0, vocab_size, size=tokens.shape)
+    chosen = torch.from_numpy(u < prob)
+    inputs = tokens.clone()
+    inputs[chosen & torch.from_numpy(how < 0.8)] = mask_id
+    swap = chosen & torch.from_numpy((how >= 0.8) & (how < 0.9))
+    inputs[swap] = torch.from_numpy(rand_tok)[swap]
+    targets = torch.where(chosen, tokens, torch.full_like(tokens, -1))
+    return inputs, targets
+
+
+MLM_TRAIN, MLM_VAL = _MLM_TRAIN, _MLM_VAL
