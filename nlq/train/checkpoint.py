@@ -1,0 +1,187 @@
+"""Checkpoints that survive kill -9: safetensors + JSON, atomic, checksummed, no pickle.
+
+Layout of RUN_DIR/ckpt/:
+    step_000100/model.safetensors   full weights (tied alias dropped), any world size
+    step_000100/optim.safetensors   AdamW moments and step counts keyed by parameter name
+    step_000100/state.json          step, tokens, metrics offset, config, sha256 of the files
+    latest                          "step_000100", replaced atomically after the dir is complete
+
+A checkpoint dir is written under a temporary name, every file fsync'ed, then renamed; the
+`latest` pointer is updated last. A reader verifies the sha256 of every file and falls back
+to the newest older checkpoint that verifies. The data position needs no state beyond the
+step (nlq/data/schedule.py) and dropout is reseeded from (seed, step, rank) each step, so
+step + weights + optimizer moments are everything a bitwise-exact resume needs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+
+from nlq.errors import NlqError
+from nlq.train import faults
+
+FORMAT = 1
+
+
+@dataclass
+class Checkpoint:
+    path: Path
+    state: dict
+    model: dict[str, torch.Tensor]
+    optim: dict[str, torch.Tensor]
+
+
+def sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _fsync_file(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Replace path with text so that a reader sees the old or the new file, never a part."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    _fsync_dir(path.parent)
+
+
+def optim_to_flat(osd: dict) -> dict[str, torch.Tensor]:
+    """get_optimizer_state_dict(full) {"state": {fqn: {k: t}}} -> {"k/fqn": t}."""
+    flat = {}
+    for fqn, st in osd["state"].items():
+        for k, v in st.items():
+            t = v if torch.is_tensor(v) else torch.tensor(v)
+            flat[f"{k}/{fqn}"] = t.detach().to("cpu").contiguous()
+    return flat
+
+
+def flat_to_optim(flat: dict[str, torch.Tensor], param_groups: list[dict]) -> dict:
+    state: dict[str, dict] = {}
+    for key, t in flat.items():
+        k, _, fqn = key.partition("/")
+        state.setdefault(fqn, {})[k] = t
+    return {"state": state, "param_groups": param_groups}
+
+
+def save(run_dir: Path, step: int, model_sd: dict, optim_flat: dict, state: dict,
+         keep: int) -> Path:
+    """Write ckpt/step_{step} atomically, point `latest` at it, keep the newest `keep`.
+    On any OSError (a full disk, a read-only dir) the partial dir is removed, the previous
+    checkpoints and `latest` are untouched, and an NlqError names the path."""
+    root = run_dir / "ckpt"
+    name = f"step_{step:06d}"
+    tmp = root / f".tmp-{name}"
+    final = root / name
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        tmp.mkdir()
+        save_file(model_sd, str(tmp / "model.safetensors"))
+        faults.hit("ckpt_model")
+        save_file(optim_flat, str(tmp / "optim.safetensors"))
+        faults.hit("ckpt_optim")
+        files = {}
+        for fname in ("model.safetensors", "optim.safetensors"):
+            _fsync_file(tmp / fname)
+            files[fname] = sha256(tmp / fname)
+        state = {**state, "format": FORMAT, "step": step, "sha256": files}
+        with open(tmp / "state.json", "w") as f:
+            json.dump(state, f, indent=2, sort_keys=True)
+            f.flush()
+            os.fsync(f.fileno())
+        _fsync_dir(tmp)
+        faults.hit("ckpt_state")
+        if final.exists():  # a checkpoint of this step from a run that was then interrupted
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        _fsync_dir(root)
+        faults.hit("ckpt_rename")
+        write_atomic(root / "latest", name + "\n")
+        faults.hit("ckpt_latest")
+    except OSError as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise NlqError(
+            f"checkpoint write to {final} failed ({e.strerror or e}); the previous checkpoint "
+            f"is kept: free space or fix permissions, then `nlq train --resume {run_dir}`"
+        ) from None
+    for old in sorted(root.glob("step_*"))[:-keep]:
+        if old.name != name:
+            shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def _verify(d: Path) -> dict:
+    """state.json of checkpoint dir d if every file matches its sha256, else raise."""
+    try:
+        state = json.loads((d / "state.json").read_text())
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"unreadable state.json ({e})") from None
+    for fname, digest in state.get("sha256", {}).items():
+        p = d / fname
+        if not p.is_file():
+            raise ValueError(f"missing {fname}")
+        if sha256(p) != digest:
+            raise ValueError(f"{fname} fails its sha256 (truncated or corrupted)")
+    if set(state.get("sha256", {})) != {"model.safetensors", "optim.safetensors"}:
+        raise ValueError("state.json lists no checksums")
+    return state
+
+
+def load_latest(run_dir: Path) -> Checkpoint:
+    """The newest checkpoint that verifies: `latest` first, then older step dirs."""
+    root = run_dir / "ckpt"
+    dirs = sorted(root.glob("step_*"), reverse=True) if root.is_dir() else []
+    if not dirs:
+        raise NlqError(f"no checkpoint in {run_dir} (nothing to resume: start a new run with "
+                       f"`nlq train CONFIG --out {run_dir}`)")
+    latest = root / "latest"
+    if latest.is_file():
+        name = latest.read_text().strip()
+        dirs.sort(key=lambda d: (d.name != name, -int(d.name.split("_")[1])))
+    else:
+        print(f"nlq: warning: {latest} is missing; using the newest checkpoint that verifies",
+              file=sys.stderr)
+    problems = []
+    for d in dirs:
+        try:
+            state = _verify(d)
+            model = load_file(str(d / "model.safetensors"))
+            optim = load_file(str(d / "optim.safetensors"))
+        except (ValueError, SafetensorError, OSError) as e:
+            problems.append(f"{d.name}: {e}")
+            print(f"nlq: warning: skipping checkpoint {d}: {e}", file=sys.stderr)
+            continue
+        return Checkpoint(d, state, model, optim)
+    raise NlqError(f"no valid checkpoint in {root}: " + "; ".join(problems))

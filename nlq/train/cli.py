@@ -1,0 +1,45 @@
+"""`nlq train`: train one config into a run dir, or resume one."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from nlq.config import load_config, parse_sets
+from nlq.errors import NlqError
+
+
+def add_arguments(p) -> None:
+    p.add_argument("config", nargs="?", help="a TOML config file or a preset name (tiny, ...)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="config override, e.g. --set train.lr=3e-4 (repeatable)")
+    p.add_argument("--out", help="run dir (default: runs/<config name>)")
+    p.add_argument("--resume", metavar="RUN_DIR",
+                   help="continue the run in RUN_DIR exactly where its last checkpoint left it")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def run(args) -> int:
+    from nlq.train.loop import train
+
+    if args.resume:
+        if args.config or args.set or args.out:
+            raise NlqError("--resume RUN_DIR takes no config, --set or --out: the run dir's "
+                           "config.toml is used as written")
+        run_dir = Path(args.resume)
+        if not (run_dir / "config.toml").is_file():
+            raise NlqError(f"{run_dir} is not an nlq run dir (no config.toml): nothing to resume")
+        cfg = load_config(run_dir / "config.toml")
+    else:
+        if not args.config:
+            raise NlqError("give a config (TOML file or preset name) or --resume RUN_DIR")
+        cfg = load_config(args.config, parse_sets(args.set))
+        run_dir = Path(args.out or f"runs/{Path(args.config).stem}")
+    summary = train(cfg, run_dir, resume=bool(args.resume), progress=not args.no_progress)
+    if os.environ.get("RANK", "0") == "0":
+        print(json.dumps(summary))
+    return 0  # finished, or stopped cleanly by SIGINT/SIGTERM after a checkpoint
+
+
+COMMANDS = {"train": ("train a config (or --resume a run dir)", add_arguments, run)}

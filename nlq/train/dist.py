@@ -1,0 +1,119 @@
+"""Everything torch.distributed, applied to the model from outside (torchtitan's order:
+compile per block, then DDP or FSDP2). nlq/model never sees any of it.
+
+Under torchrun (RANK / WORLD_SIZE / LOCAL_RANK set) a process group is created: NCCL on
+CUDA, gloo on CPU. Without torchrun everything here is a no-op on one process.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
+
+from nlq.errors import NlqError
+
+
+@dataclass(frozen=True)
+class Dist:
+    rank: int = 0
+    world: int = 1
+    local_rank: int = 0
+
+    @property
+    def main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def active(self) -> bool:
+        return self.world > 1
+
+
+def resolve_device(name: str, local_rank: int = 0) -> torch.device:
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    if name.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise NlqError(f"train.device = {name!r} but CUDA is not available here "
+                           "(use train.device = \"cpu\" or \"auto\")")
+        return torch.device(name if ":" in name else f"cuda:{local_rank}")
+    return torch.device("cpu")
+
+
+def setup(device_name: str) -> tuple[Dist, torch.device]:
+    if "RANK" not in os.environ or int(os.environ.get("WORLD_SIZE", "1")) == 1:
+        return Dist(), resolve_device(device_name)
+    d = Dist(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]),
+             int(os.environ.get("LOCAL_RANK", "0")))
+    device = resolve_device(device_name, d.local_rank)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    return d, device
+
+
+def teardown(d: Dist) -> None:
+    if d.active and dist.is_initialized():
+        dist.barrier()  # without it gloo ranks can abort at exit
+        dist.destroy_process_group()
+
+
+def wrap(model: torch.nn.Module, kind: str, d: Dist, device: torch.device) -> torch.nn.Module:
+    if not d.active:
+        return model
+    if kind == "fsdp":
+        from torch.distributed.fsdp import fully_shard
+
+        for block in model.blocks:
+            fully_shard(block)
+        fully_shard(model)
+        return model
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    return DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
+
+
+def grad_sync(wrapped: torch.nn.Module, kind: str, d: Dist, sync: bool):
+    """Skip the gradient all-reduce on all but the last micro-step of an accumulation."""
+    if not d.active or sync:
+        if d.active and kind == "fsdp":
+            wrapped.set_requires_gradient_sync(True)
+        return contextlib.nullcontext()
+    if kind == "fsdp":
+        wrapped.set_requires_gradient_sync(False)
+        return contextlib.nullcontext()
+    return wrapped.no_sync()
+
+
+def all_reduce_sum(t: torch.Tensor, d: Dist) -> torch.Tensor:
+    if d.active:
+        dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    return t
+
+
+_FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
+
+
+def full_state(wrapped: torch.nn.Module, optimizer) -> tuple[dict, dict]:
+    """Full (unsharded, CPU) model and optimizer state dicts keyed by parameter name; a
+    collective under FSDP (every rank calls it), complete on rank 0."""
+    return (get_model_state_dict(wrapped, options=_FULL),
+            get_optimizer_state_dict(wrapped, optimizer, options=_FULL))
+
+
+def load_full_state(wrapped: torch.nn.Module, optimizer, model_sd: dict, optim_sd: dict) -> None:
+    """Load full state dicts (as saved by any world size) into this world's model."""
+    opts = StateDictOptions(full_state_dict=True)
+    set_model_state_dict(wrapped, model_sd, options=opts)
+    set_optimizer_state_dict(wrapped, optimizer, optim_sd, options=opts)
