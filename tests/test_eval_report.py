@@ -1,0 +1,220 @@
+"""nlq.eval.report and `nlq report`: numbers recomputed from synthetic run dirs, Fig. 1, CLI."""
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import matplotlib
+import matplotlib.image
+import pytest
+
+from nlq.config import load_config
+from nlq.eval.report import build_report, collect
+
+T975_1 = 12.706204736174707  # t_{0.975, 1}: two seeds -> 1 degree of freedom
+STEPS = [0, 10, 20, 30]
+TOK_PER_STEP = 8 * 2 * 256  # tiny preset: micro_batch x grad_accum x block_size
+
+
+def make_run(root: Path, arm: str, seed: int, losses: list[float], overrides=None,
+             finished=True, arm_json=True, data_dir=None) -> Path:
+    """A run dir as the trainer and the experiment runner write it."""
+    d = root / "runs" / arm / f"seed{seed}"
+    d.mkdir(parents=True)
+    sets = {"train.seed": 1337 + seed, **(overrides or {})}
+    if data_dir:
+        sets["data.dir"] = str(data_dir)
+    (d / "config.toml").write_text(load_config("tiny").replace(**sets).to_toml())
+    lines = []
+    for step, loss in zip(STEPS, losses):
+        if step:
+            lines.append({"kind": "train", "step": step, "lr": 1e-3, "loss": loss + 0.05,
+                          "grad_norm": 1.0, "tokens": step * TOK_PER_STEP, "tok_per_s": 1e4,
+                          "elapsed": step * 0.1})
+        lines.append({"kind": "eval", "step": step, "val_loss": loss, "val_ppl": math.exp(loss),
+                      "tokens": step * TOK_PER_STEP, "elapsed": step * 0.1})
+    (d / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    if arm_json:
+        (d / "arm.json").write_text(json.dumps({"experiment": "t", "arm": arm, "seed_index": seed}))
+    if finished:
+        n = len(losses)
+        params = {"linear": (3_000_000, 1_000_000), "nonlinear": (3_100_000, 1_100_000)}
+        total, ne = params.get(arm, (3_000_000, 1_000_000))
+        (d / "summary.json").write_text(json.dumps({
+            "status": "finished", "step": STEPS[n - 1], "tokens": STEPS[n - 1] * TOK_PER_STEP,
+            "val_loss": losses[-1], "val_ppl": math.exp(losses[-1]), "params_total": total,
+            "params_non_embedding": ne, "elapsed_s": 3.0, "tok_per_s": 1e4}))
+    return d
+
+
+LOSSES = {  # arm -> seed -> eval losses at STEPS
+    "linear": {0: [9.0, 6.0, 5.0, 4.50], 1: [9.0, 6.1, 5.1, 4.60]},
+    "nonlinear": {0: [9.0, 5.9, 4.9, 4.40], 1: [9.0, 6.0, 5.0, 4.55]},
+}
+
+
+@pytest.fixture
+def experiment(tmp_path):
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "meta.json").write_text(json.dumps({"tokenizer": "bpe:8192", "vocab_size": 8192,
+                                                "dtype": "uint16", "train_tokens": 123456,
+                                                "val_tokens": 6789}))
+    exp = tmp_path / "exp"
+    for arm, seeds in LOSSES.items():
+        for seed, losses in seeds.items():
+            make_run(exp, arm, seed, losses,
+                     {"model.query": arm} if arm != "linear" else None, data_dir=data)
+    # a third nonlinear seed that stopped at step 20: listed, not counted
+    make_run(exp, "nonlinear", 2, [9.0, 6.0, 5.0], {"model.query": "nonlinear"},
+             finished=False, data_dir=data)
+    return exp
+
+
+def final_losses(exp: Path, arm: str) -> dict[int, float]:
+    """The last eval line of each finished run's metrics.jsonl, read by the test itself."""
+    out = {}
+    for d in sorted((exp / "runs" / arm).iterdir()):
+        if not (d / "summary.json").exists():
+            continue
+        evals = [json.loads(x) for x in (d / "metrics.jsonl").read_text().splitlines()]
+        evals = [e for e in evals if e["kind"] == "eval"]
+        out[json.loads((d / "arm.json").read_text())["seed_index"]] = evals[-1]["val_loss"]
+    return out
+
+
+def ci2(xs):
+    m = sum(xs) / 2
+    half = T975_1 * abs(xs[0] - xs[1]) / math.sqrt(2) / math.sqrt(2)  # sd = |a-b|/sqrt(2)
+    return m, m - half, m + half
+
+
+def test_report_numbers_recomputed_from_metrics(experiment, tmp_path):
+    backend = matplotlib.get_backend()
+    rep = build_report([experiment], tmp_path / "out", title="synthetic")
+    assert matplotlib.get_backend() == backend  # drawn on an Agg canvas, pyplot untouched
+    saved = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert saved == json.loads(json.dumps(rep))
+    arms = {a["arm"]: a for a in saved["arms"]}
+    assert list(arms) == ["linear", "nonlinear"]  # baseline first
+
+    base, nl = final_losses(experiment, "linear"), final_losses(experiment, "nonlinear")
+    for name, fin in (("linear", base), ("nonlinear", nl)):
+        a = arms[name]
+        m, lo, hi = ci2(list(fin.values()))
+        assert a["n_seeds"] == 2 and a["seeds"] == [0, 1]
+        assert a["val_loss"]["mean"] == pytest.approx(m)
+        assert a["val_loss"]["lo"] == pytest.approx(lo) and a["val_loss"]["hi"] == pytest.approx(hi)
+        assert a["val_ppl_mean"] == pytest.approx(sum(math.exp(x) for x in fin.values()) / 2)
+        assert a["tokens_per_run"] == 30 * TOK_PER_STEP and a["tokens_per_step"] == TOK_PER_STEP
+
+    vs = arms["nonlinear"]["vs_baseline"]
+    d = [100 * (nl[s] - base[s]) / base[s] for s in (0, 1)]
+    p = [100 * (math.exp(nl[s]) - math.exp(base[s])) / math.exp(base[s]) for s in (0, 1)]
+    for key, xs in (("log_loss_pct", d), ("ppl_pct", p)):
+        m, lo, hi = ci2(xs)
+        e = vs[key]
+        assert (e["mean"], e["lo"], e["hi"], e["n"]) == (
+            pytest.approx(m), pytest.approx(lo), pytest.approx(hi), 2)
+    assert arms["nonlinear"]["params_non_embedding_vs_baseline_pct"] == pytest.approx(10.0)
+    assert arms["nonlinear"]["params_total_vs_baseline_pct"] == pytest.approx(100 / 30)
+    # -2.22% and -1.09%: the interval with 1 degree of freedom spans 0
+    assert "not distinguishable from linear at this scale with 2 seeds" in arms["nonlinear"]["verdict"]
+
+    assert saved["data"]["meta"][str(tmp_path / "data")]["tokenizer"] == "bpe:8192"
+    [inc] = saved["incomplete"]
+    assert inc["arm"] == "nonlinear" and inc["seed"] == 2 and inc["last_eval_step"] == 20
+    assert "no summary.json" in inc["reason"]
+
+    md = (tmp_path / "out" / "report.md").read_text()
+    assert "Incomplete runs (excluded from the statistics)" in md and "seed2" in md
+    assert "bpe:8192" in md and "Tokens per run: 122,880" in md
+    assert "arXiv 2603.13381" in md and "cannot be checked here" in md
+
+    png = tmp_path / "out" / "fig1.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    img = matplotlib.image.imread(png)
+    assert img.ndim == 3 and img.shape[0] > 500 and img.shape[1] > 500 and img.shape[2] in (3, 4)
+
+
+def test_one_seed_ordering_and_strong_baseline(tmp_path):
+    exp = tmp_path / "exp"
+    qk_noise = (0.01, -0.012, 0.003)  # nonlinear - qk = -0.01, +0.012, -0.003: spans 0
+    for seed, shift in ((0, 0.0), (1, 0.02), (2, -0.01)):
+        make_run(exp, "linear", seed, [9, 6, 5, 4.50 + shift])
+        make_run(exp, "linear+12.5%", seed, [9, 6, 5, 4.45 + shift],
+                 {"model.mlp_hidden": 1152})
+        make_run(exp, "nonlinear", seed, [9, 6, 5, 4.40 + shift], {"model.query": "nonlinear"})
+        make_run(exp, "qk", seed, [9, 6, 5, 4.40 + shift + qk_noise[seed]],
+                 {"model.qk_norm": True})
+    make_run(exp, "identity", 0, [9, 6, 5, 4.6], {"model.query": "identity"})
+    rep = build_report([exp], tmp_path / "out")
+    arms = {a["arm"]: a for a in rep["arms"]}
+    assert arms["identity"]["verdict"] == ("identity: 1 seed: no interval, a single observation "
+                                           "(val log-loss 2.22% above linear)")
+    assert arms["identity"]["val_loss"]["lo"] is None
+    assert arms["nonlinear"]["verdict"].startswith("nonlinear: val log-loss 2.22% below linear "
+                                                   "(paired 95% CI ")
+    o = rep["ordering"]
+    assert o["holds_in_means"] and o["separated_by_intervals"]
+    assert o["arms"] == {"nonlinear": "nonlinear", "wider": "linear+12.5%", "baseline": "linear"}
+    [s] = rep["strong_baseline"]
+    assert s["strong_baseline"] == "qk" and s["survives"] == "no"
+    assert "not distinguishable from qk" in s["answer"]
+    md = (tmp_path / "out" / "report.md").read_text()
+    assert "(1 seed, no CI)" in md and "holds here" in md and "QK-norm baseline qk" in md
+
+
+def test_run_without_arm_json_uses_folder_and_config_seed(tmp_path):
+    make_run(tmp_path, "linear", 0, [9, 6, 5, 4.5], arm_json=False)
+    [run] = collect([tmp_path / "runs" / "linear" / "seed0"])
+    assert run.arm == "linear" and run.seed == 1337 and run.finished
+
+
+def test_diverged_run_is_listed_not_counted(tmp_path):
+    make_run(tmp_path, "linear", 0, [9, 6, 5, 4.5])
+    d = make_run(tmp_path, "linear", 1, [9, 6, 5, 4.5])
+    summary = json.loads((d / "summary.json").read_text())
+    (d / "summary.json").write_text(json.dumps({**summary, "val_loss": float("nan")}))
+    rep = build_report([tmp_path / "runs"], tmp_path / "out")
+    assert rep["arms"][0]["n_seeds"] == 1
+    [inc] = rep["incomplete"]
+    assert inc["seed"] == 1 and "not a finite number" in inc["reason"]
+
+
+def test_errors(tmp_path, experiment):
+    from nlq.errors import NlqError
+
+    with pytest.raises(NlqError, match="baseline arm 'qk' has no finished run"):
+        build_report([experiment], tmp_path / "o", baseline="qk")
+    only_incomplete = tmp_path / "inc"
+    make_run(only_incomplete, "linear", 0, [9, 6], finished=False)
+    with pytest.raises(NlqError, match="no finished run"):
+        build_report([only_incomplete], tmp_path / "o")
+
+
+def run_cli(*args, cwd):
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    return subprocess.run([sys.executable, "-m", "nlq", "report", *map(str, args)], cwd=cwd,
+                          capture_output=True, text=True, env=env, timeout=120,
+                          check=False)
+
+
+def test_cli_report(experiment, tmp_path, capsys):
+    r = run_cli(experiment, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert (experiment / "report.md").is_file() and (experiment / "fig1.png").is_file()
+    assert "not distinguishable from linear" in r.stdout
+
+    from nlq.cli import main
+
+    assert main(["report", str(experiment), "--baseline", "nope", "--out", str(tmp_path / "o")]) == 2
+    assert capsys.readouterr().err.startswith("nlq: error: baseline arm 'nope'")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    r = run_cli(empty, "--out", tmp_path / "o", cwd=tmp_path)
+    assert r.returncode == 2
+    assert r.stderr.count("\n") == 1 and r.stderr.startswith("nlq: error: no run in")

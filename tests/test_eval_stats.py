@@ -1,0 +1,89 @@
+"""nlq.eval.stats: the t quantile against tables and closed forms, intervals against hand sums."""
+
+import math
+
+import pytest
+
+from nlq.eval.stats import (
+    betainc,
+    mean_ci,
+    paired,
+    ppl_change_pct,
+    rel_change_pct,
+    t_cdf,
+    t_quantile,
+)
+
+# t_{0.975, df} from a printed table (4 decimals).
+TABLE = {1: 12.7062, 2: 4.3027, 3: 3.1824, 4: 2.7764, 9: 2.2622, 29: 2.0452}
+
+
+@pytest.mark.parametrize("df,want", sorted(TABLE.items()))
+def test_t_quantile_matches_table(df, want):
+    assert t_quantile(0.975, df) == pytest.approx(want, abs=5e-5)
+    assert t_quantile(0.025, df) == pytest.approx(-want, abs=5e-5)
+
+
+@pytest.mark.parametrize("p", [0.5, 0.6, 0.9, 0.975, 0.995, 0.9999, 0.01, 1e-6])
+def test_t_quantile_matches_closed_forms(p):
+    # df = 1 is Cauchy: tan(pi (p - 1/2)); df = 2: (2p - 1) / sqrt(2 p (1 - p)).
+    assert t_quantile(p, 1) == pytest.approx(math.tan(math.pi * (p - 0.5)), rel=1e-9, abs=1e-12)
+    assert t_quantile(p, 2) == pytest.approx((2 * p - 1) / math.sqrt(2 * p * (1 - p)),
+                                             rel=1e-9, abs=1e-12)
+
+
+def test_t_quantile_inverts_cdf_and_tends_to_normal():
+    for df in (1, 2.5, 7, 30, 200):
+        for p in (0.001, 0.2, 0.7, 0.975):
+            assert t_cdf(t_quantile(p, df), df) == pytest.approx(p, rel=1e-9)
+    assert t_quantile(0.975, 1e7) == pytest.approx(1.959964, abs=1e-5)
+    assert t_cdf(0.0, 3) == 0.5
+    # I_x(1, 1) = x and I_x(a, b) = 1 - I_{1-x}(b, a)
+    assert betainc(1.0, 1.0, 0.3) == pytest.approx(0.3)
+    assert betainc(2.5, 0.5, 0.8) == pytest.approx(1 - betainc(0.5, 2.5, 0.2))
+    with pytest.raises(ValueError):
+        t_quantile(1.0, 3)
+
+
+def test_mean_ci_by_hand():
+    # values 1, 2, 4: mean 7/3, sd sqrt(((4/3)^2 + (1/3)^2 + (5/3)^2) / 2) = sqrt(7/3)
+    e = mean_ci([1.0, 2.0, 4.0])
+    half = 4.302652729749464 * math.sqrt(7 / 3) / math.sqrt(3)
+    assert (e.n, e.mean, e.sd) == (3, pytest.approx(7 / 3), pytest.approx(math.sqrt(7 / 3)))
+    assert (e.lo, e.hi) == (pytest.approx(7 / 3 - half), pytest.approx(7 / 3 + half))
+
+
+def test_one_value_has_no_interval():
+    e = mean_ci([3.5])
+    assert (e.mean, e.lo, e.hi, e.sd, e.n) == (3.5, None, None, None, 1)
+    assert not e.has_interval and not e.excludes_zero
+    with pytest.raises(ValueError):
+        mean_ci([])
+
+
+def test_paired_interval_by_hand():
+    # Three seeds. Baseline 4.0, 4.1, 4.2; arm 3.96, 4.018, 4.137: relative changes exactly
+    # -1.0, -2.0, -1.5 %. Mean -1.5, sd sqrt((0.25 + 0.25 + 0) / 2) = 0.5,
+    # half width t_{0.975,2} * 0.5 / sqrt(3) = 4.302653 * 0.288675 = 1.242069.
+    base = {0: 4.0, 1: 4.1, 2: 4.2, 7: 4.3}  # seed 7 has no partner
+    arm = {0: 3.96, 1: 4.018, 2: 4.137}
+    p = paired(arm, base)
+    assert p.seeds == [0, 1, 2] and p.only_base == [7] and p.only_arm == []
+    assert p.log_loss_pct == pytest.approx([-1.0, -2.0, -1.5])
+    e = p.log_loss()
+    assert e.mean == pytest.approx(-1.5)
+    assert e.sd == pytest.approx(0.5)
+    assert e.lo == pytest.approx(-2.742069, abs=1e-6)
+    assert e.hi == pytest.approx(-0.257931, abs=1e-6)
+    assert e.excludes_zero
+    # Perplexity: 100 (e^-0.04 - 1), 100 (e^-0.082 - 1), 100 (e^-0.063 - 1)
+    assert p.ppl_pct == pytest.approx([-3.921056, -7.872804, -6.105653], abs=1e-6)
+    q = p.ppl()
+    assert q.mean == pytest.approx(-5.966504, abs=1e-6)
+    assert (q.lo, q.hi) == (pytest.approx(-10.883968, abs=1e-6), pytest.approx(-1.049041, abs=1e-6))
+
+
+def test_relative_changes():
+    assert rel_change_pct(2.919, 2.956) == pytest.approx(-1.2517, abs=1e-4)
+    assert ppl_change_pct(2.0, 2.0) == 0.0
+    assert ppl_change_pct(3.0, 2.0) == pytest.approx(100 * (math.e - 1))
