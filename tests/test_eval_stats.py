@@ -5,12 +5,10 @@ import math
 import pytest
 
 from nlq.eval.stats import (
-    betainc,
     mean_ci,
     paired,
     ppl_change_pct,
     rel_change_pct,
-    t_cdf,
     t_quantile,
 )
 
@@ -32,15 +30,9 @@ def test_t_quantile_matches_closed_forms(p):
                                              rel=1e-9, abs=1e-12)
 
 
-def test_t_quantile_inverts_cdf_and_tends_to_normal():
-    for df in (1, 2.5, 7, 30, 200):
-        for p in (0.001, 0.2, 0.7, 0.975):
-            assert t_cdf(t_quantile(p, df), df) == pytest.approx(p, rel=1e-9)
+def test_t_quantile_tends_to_normal_and_rejects_bad_input():
     assert t_quantile(0.975, 1e7) == pytest.approx(1.959964, abs=1e-5)
-    assert t_cdf(0.0, 3) == 0.5
-    # I_x(1, 1) = x and I_x(a, b) = 1 - I_{1-x}(b, a)
-    assert betainc(1.0, 1.0, 0.3) == pytest.approx(0.3)
-    assert betainc(2.5, 0.5, 0.8) == pytest.approx(1 - betainc(0.5, 2.5, 0.2))
+    assert t_quantile(0.5, 3) == 0.0
     with pytest.raises(ValueError):
         t_quantile(1.0, 3)
 
