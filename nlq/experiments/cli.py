@@ -1,8 +1,52 @@
-"""Experiment commands: `nlq report RUN_DIR...` (statistics, report.md/json and Fig. 1)."""
+"""Experiment commands: `nlq reproduce` (the paper's comparison end to end) and
+`nlq report RUN_DIR...` (statistics, report.md/json and Fig. 1 from finished runs)."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
+
+# ---------------------------------------------------------------------------------------
+# nlq reproduce
+
+
+def add_reproduce_arguments(p) -> None:
+    p.add_argument("--experiment", default="paper", metavar="NAME|FILE",
+                   help="shipped experiment (paper, strong-baseline, encoder) or a TOML file "
+                        "(default: paper)")
+    p.add_argument("--preset", default="tiny", help="tiny (CPU, embedded corpus; default) or "
+                   "gpt3-small (the paper's configuration)")
+    p.add_argument("--seeds", type=int, default=2, help="model-init seeds per arm (default 2)")
+    p.add_argument("--arms", default=None, metavar="A,B,...",
+                   help="run only these arms (the baseline is always added)")
+    p.add_argument("--out", default=None, metavar="DIR",
+                   help="output dir (default: out/<experiment>-<preset>)")
+    p.add_argument("--jobs", type=int, default=None,
+                   help="runs trained at once (default: 2 on a CPU with >= 2 cores, else 1)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="config override for every arm, e.g. train.max_steps=100")
+    p.add_argument("--force", action="store_true",
+                   help="train gpt3-small even where no GPU is present")
+
+
+def run_reproduce(args) -> int:
+    import torch
+
+    from nlq.config import parse_sets
+    from nlq.errors import NlqError
+    from nlq.experiments.reproduce import reproduce
+
+    arms = [a.strip() for a in args.arms.split(",") if a.strip()] if args.arms else None
+    jobs = args.jobs
+    if jobs is None:
+        jobs = 2 if not torch.cuda.is_available() and (os.cpu_count() or 1) >= 2 else 1
+    if jobs < 1:
+        raise NlqError(f"--jobs must be >= 1, got {jobs}")
+    exp_name = Path(args.experiment).stem
+    out = Path(args.out or f"out/{exp_name}-{args.preset}")
+    return reproduce(args.experiment, args.preset, args.seeds, arms, out, jobs, args.force,
+                     parse_sets(args.set))
+
 
 # ---------------------------------------------------------------------------------------
 # nlq report
@@ -40,8 +84,10 @@ def run_report(args) -> int:
     return 0
 
 
-# name: (help, add_arguments, run); `nlq reproduce` joins here.
+# name: (help, add_arguments, run)
 COMMANDS = {
+    "reproduce": ("the paper's comparison: train every arm x seed, then report",
+                  add_reproduce_arguments, run_reproduce),
     "report": ("statistics over seeds, report.md/json and Fig. 1 from finished runs",
                add_report_arguments, run_report),
 }

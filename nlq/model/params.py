@@ -34,3 +34,13 @@ def mlp_width_for_pct(cfg: ModelConfig, pct: float) -> int:
 
 def pct_vs(n: int, base: int) -> float:
     return 100.0 * (n - base) / base
+
+
+def flops_per_token(cfg: ModelConfig) -> float:
+    """Training FLOPs per token: 6 N for the matmul weights (forward + backward; N excludes the
+    position table, which is a lookup, and counts the tied token table once as the output
+    head) plus 12 L d T for attention scores and values (Kaplan et al. 2020; PaLM app. B)."""
+    with torch.device("meta"):
+        m = Transformer(cfg)
+    n = m.num_params() - (m.wpe.weight.numel() if m.wpe is not None else 0)
+    return 6.0 * n + 12.0 * cfg.n_layer * cfg.d_model * cfg.block_size

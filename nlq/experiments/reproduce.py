@@ -1,0 +1,262 @@
+"""`nlq reproduce`: the paper's comparison as one command.
+
+An experiment (a TOML file: a [base] of overrides plus named [arms.*]) is resolved against a
+preset; every arm runs for every seed as an ordinary `nlq train` run dir under
+OUT/runs/<arm>/seed<k>/. All arms and seeds share one data seed, so they see identical
+batches; seed k sets the model init seed train.seed + k for every arm, so arms are paired
+by seed. Running the command again skips finished runs and resumes interrupted ones. The
+report (nlq/eval/report.py) is written to OUT at the end.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from nlq.config import Config, apply_overrides, flatten, from_dict, load_config, read_toml
+from nlq.errors import NlqError
+from nlq.experiments.arms import resolve_arm
+from nlq.model.params import count_params, flops_per_token
+
+EXPERIMENT_DIR = Path(__file__).parent
+
+# How `nlq reproduce` prepares each preset's data dir when it is missing.
+PRESET_DATA = {
+    "tiny": ("embedded", "bpe:8192"),
+    "gpt3-small": ("hf:openwebtext", "gpt2"),
+}
+
+
+@dataclass(frozen=True)
+class Experiment:
+    name: str
+    description: str
+    baseline: str
+    base: dict
+    arms: dict[str, dict]
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    arm: str
+    seed_index: int
+    cfg: Config
+    run_dir: Path
+
+
+def load_experiment(name_or_file: str) -> Experiment:
+    path = Path(name_or_file)
+    if not path.is_file():
+        path = EXPERIMENT_DIR / f"{name_or_file}.toml"
+        if not path.is_file():
+            names = sorted(p.stem for p in EXPERIMENT_DIR.glob("*.toml"))
+            raise NlqError(f"unknown experiment {name_or_file!r} (shipped: {', '.join(names)}; "
+                           f"or give a TOML file)")
+    raw = read_toml(path)
+    unknown = sorted(set(raw) - {"name", "description", "baseline", "base", "arms"})
+    if unknown:
+        raise NlqError(f"{path}: unknown key {unknown[0]!r} (an experiment has name, "
+                       f"description, baseline, [base] and [arms.*])")
+    arms = raw.get("arms")
+    if not isinstance(arms, dict) or not arms:
+        raise NlqError(f"{path}: no [arms.*] tables")
+    baseline = raw.get("baseline", next(iter(arms)))
+    if baseline not in arms:
+        raise NlqError(f"{path}: baseline {baseline!r} is not one of its arms "
+                       f"({', '.join(arms)})")
+    return Experiment(raw.get("name", path.stem), raw.get("description", ""), baseline,
+                      flatten(raw.get("base", {})), {k: flatten(v) for k, v in arms.items()})
+
+
+def plan(exp: Experiment, preset: str, seeds: int, arm_names: list[str] | None,
+         out: Path, sets: dict | None = None) -> list[RunSpec]:
+    if seeds < 1:
+        raise NlqError(f"--seeds must be >= 1, got {seeds}")
+    base = load_config(preset, sets)
+    base = from_dict(apply_overrides(base.to_dict(), exp.base))
+    names = list(exp.arms)
+    if arm_names:
+        unknown = [a for a in arm_names if a not in exp.arms]
+        if unknown:
+            raise NlqError(f"unknown arm {unknown[0]!r} in --arms (experiment {exp.name!r} "
+                           f"has: {', '.join(exp.arms)})")
+        names = [a for a in exp.arms if a in arm_names]
+        if exp.baseline not in names:
+            names.insert(0, exp.baseline)  # every comparison needs the baseline
+    arms = {a: resolve_arm(base, exp.arms[a], a) for a in names}
+    return [RunSpec(a, k, cfg.replace(**{"train.seed": base.train.seed + k}),
+                    out / "runs" / a / f"seed{k}")
+            for k in range(seeds) for a, cfg in arms.items()]
+
+
+def ensure_data(preset: str, cfg: Config) -> None:
+    d = Path(cfg.data.dir)
+    if (d / "meta.json").is_file():
+        return
+    if preset not in PRESET_DATA:
+        raise NlqError(f"data dir {d} is missing: prepare it with `nlq prepare --out {d}`")
+    source, tok = PRESET_DATA[preset]
+    print(f"reproduce: preparing {d} ({source}, {tok})", file=sys.stderr)
+    cmd = [sys.executable, "-m", "nlq", "prepare", "--source", source, "--tokenizer", tok,
+           "--out", str(d)]
+    if subprocess.run(cmd).returncode != 0:
+        raise NlqError(f"`{' '.join(cmd[2:])}` failed (see above)")
+
+
+def print_cost(specs: list[RunSpec], out: Path, gpus: int = 8, mfu: float = 0.40,
+               peak_tflops: float = 989.0) -> None:
+    """What a gpt3-small reproduction costs, and the commands that run it."""
+    print(f"No CUDA GPU here: not starting {len(specs)} GPT-3-small runs. The plan:")
+    total_h = 0.0
+    for s in specs:
+        t = s.cfg.train
+        tokens = t.max_steps * t.micro_batch * t.grad_accum * s.cfg.model.block_size
+        flops = flops_per_token(s.cfg.model) * tokens
+        hours = flops / (mfu * peak_tflops * 1e12) / 3600
+        total_h += hours
+        print(f"- {s.arm} seed{s.seed_index}: {count_params(s.cfg.model)[0]:,} params, "
+              f"{tokens / 1e9:.2f}B tokens, {flops:.3g} FLOPs = {hours:.1f} GPU-hours at "
+              f"{mfu:.0%} MFU of {peak_tflops:.0f} TFLOP/s (H100 bf16 dense)")
+    print(f"total: {total_h:.0f} GPU-hours. Prepare the data (needs a network):\n"
+          f"  nlq prepare --source hf:openwebtext --tokenizer gpt2 --out "
+          f"{specs[0].cfg.data.dir}\nthen, per run, on a node with {gpus} GPUs:")
+    for s in specs:
+        print(f"  torchrun --standalone --nproc_per_node {gpus} -m nlq train "
+              f"{out / 'configs' / f'{s.arm}-seed{s.seed_index}.toml'} --out {s.run_dir}")
+    print(f"then: nlq report {out}   (or run `nlq reproduce --preset gpt3-small --force` "
+          f"to train them one after the other here)")
+
+
+def _run_state(spec: RunSpec) -> str:
+    d = spec.run_dir
+    if (d / "summary.json").is_file():
+        return "finished"
+    if (d / "config.toml").is_file():
+        written = load_config(d / "config.toml")
+        if written != spec.cfg:
+            raise NlqError(f"{d} holds a run of another config than this experiment plans "
+                           f"(arm {spec.arm!r}): use another --out or remove it")
+        if any((d / "ckpt").glob("step_*")):
+            return "resume"
+    return "new"
+
+
+def _last_step(run_dir: Path) -> int:
+    """The last logged step of a running run (for the progress bar only)."""
+    try:
+        with open(run_dir / "metrics.jsonl", "rb") as f:
+            f.seek(0, 2)
+            f.seek(max(0, f.tell() - 4096))
+            lines = f.read().decode("utf-8", "replace").splitlines()
+        for line in reversed(lines):
+            try:
+                return int(json.loads(line).get("step", 0))
+            except (json.JSONDecodeError, AttributeError, ValueError):
+                continue
+    except OSError:
+        pass
+    return 0
+
+
+def run_all(specs: list[RunSpec], exp: Experiment, jobs: int, out: Path) -> list[str]:
+    """Train every planned run (jobs at a time, threads split between them); returns the
+    arms/seeds that failed. Each run is a subprocess `nlq train`, so a crash or a divergence
+    of one run never takes the others down."""
+    from tqdm import tqdm
+
+    todo = []
+    for s in specs:
+        state = _run_state(s)
+        if state == "finished":
+            continue
+        cfg_path = out / "configs" / f"{s.arm}-seed{s.seed_index}.toml"
+        if state == "new":
+            shutil.rmtree(s.run_dir, ignore_errors=True)  # a start that never checkpointed
+            s.run_dir.mkdir(parents=True)
+            (s.run_dir / "arm.json").write_text(json.dumps(
+                {"experiment": exp.name, "arm": s.arm, "seed_index": s.seed_index}))
+            cmd = ["train", str(cfg_path), "--out", str(s.run_dir)]
+        else:
+            cmd = ["train", "--resume", str(s.run_dir)]
+        todo.append((s, cmd))
+    if not todo:
+        print(f"reproduce: all {len(specs)} runs finished already", file=sys.stderr)
+        return []
+    threads = max(1, (os.cpu_count() or 1) // jobs)
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
+    total = sum(s.cfg.train.max_steps for s, _ in todo)
+    done_steps = {s.run_dir: _last_step(s.run_dir) for s, _ in todo}
+    failed, running = [], []
+    queue = list(todo)
+    bar = tqdm(total=total, initial=sum(done_steps.values()), unit="step", dynamic_ncols=True,
+               desc=f"{len(todo)} runs", file=sys.stderr)
+    while queue or running:
+        while queue and len(running) < jobs:
+            s, cmd = queue.pop(0)
+            log = open(s.run_dir / "train.log", "a")
+            p = subprocess.Popen([sys.executable, "-m", "nlq", *cmd, "--no-progress"],
+                                 stdout=log, stderr=subprocess.STDOUT, env=env)
+            running.append((s, p, log))
+        time.sleep(0.5)
+        for item in list(running):
+            s, p, log = item
+            now = _last_step(s.run_dir)
+            bar.update(now - done_steps[s.run_dir])
+            done_steps[s.run_dir] = now
+            if p.poll() is None:
+                continue
+            running.remove(item)
+            log.close()
+            if p.returncode != 0:
+                failed.append(f"{s.arm}/seed{s.seed_index}")
+                tail = (s.run_dir / "train.log").read_text(errors="replace").strip()
+                bar.write(f"reproduce: {s.arm} seed{s.seed_index} failed (exit "
+                          f"{p.returncode}): {tail.splitlines()[-1] if tail else ''}")
+            else:
+                summ = json.loads((s.run_dir / "summary.json").read_text())
+                bar.write(f"reproduce: {s.arm} seed{s.seed_index}: val loss "
+                          f"{summ['val_loss']:.4f} ({summ['tok_per_s']:,.0f} tok/s)")
+    bar.close()
+    return failed
+
+
+def reproduce(experiment: str, preset: str, seeds: int, arm_names: list[str] | None,
+              out: Path, jobs: int, force: bool, sets: dict | None = None) -> int:
+    import torch
+
+    from nlq.eval.report import build_report
+
+    exp = load_experiment(experiment)
+    specs = plan(exp, preset, seeds, arm_names, out, sets)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "configs").mkdir(exist_ok=True)
+    for s in specs:
+        (out / "configs" / f"{s.arm}-seed{s.seed_index}.toml").write_text(s.cfg.to_toml())
+    if preset == "gpt3-small" and not torch.cuda.is_available() and not force:
+        print_cost(specs, out)
+        return 0
+    ensure_data(preset, specs[0].cfg)
+    t0 = time.time()
+    failed = run_all(specs, exp, jobs, out)
+    rep = build_report([s.run_dir for s in specs], out, baseline=exp.baseline,
+                       title=f"nlq reproduce: {exp.name} ({preset} preset, {seeds} seed(s))")
+    print(f"reproduce: {len(specs)} runs in {time.time() - t0:.0f} s; wrote {out / 'report.md'}, "
+          f"{out / 'report.json'}, {out / 'fig1.png'}")
+    for row in rep["arms"]:
+        if "verdict" in row:
+            print(f"- {row['verdict']}")
+    if rep.get("ordering") and rep["ordering"].get("testable"):
+        print(f"- {rep['ordering']['answer']}")
+    for s in rep.get("strong_baseline", []):
+        print(f"- {s['answer']}")
+    if failed:
+        print(f"reproduce: {len(failed)} run(s) failed: {', '.join(failed)} (see their "
+              f"train.log; run the command again to retry)", file=sys.stderr)
+        return 1
+    return 0
