@@ -407,7 +407,10 @@ def split_arms(raw: dict) -> tuple[dict, dict[str, dict]]:
     arms = raw.pop("arms", {})
     if not isinstance(arms, dict):
         raise NlqError("'arms' must be a table of named arms")
-    return raw, {name: flatten(a) if isinstance(a, dict) else a for name, a in arms.items()}
+    for name, a in arms.items():
+        if not isinstance(a, dict):
+            raise NlqError(f"arm {name!r} must be a table of config overrides, got {a!r}")
+    return raw, {name: flatten(a) for name, a in arms.items()}
 
 
 def load_config(source: str | Path | None = None, sets: dict[str, Any] | None = None) -> Config:
@@ -415,7 +418,8 @@ def load_config(source: str | Path | None = None, sets: dict[str, Any] | None = 
     preset with `preset = "tiny"` at its top; its own sections then override the preset."""
     if source is None:
         raw: dict = {}
-    elif Path(source).suffix == ".toml" or Path(source).exists():
+    elif Path(source).suffix == ".toml" or Path(source).is_file():
+        # is_file, not exists: a folder named like a preset (e.g. `--out tiny`) is no config
         raw = read_toml(source)
     else:
         raw = read_toml(preset_path(str(source)))

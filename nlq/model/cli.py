@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from nlq.config import parse_sets, preset_path, read_toml, split_arms
+from nlq.config import load_config, parse_sets, preset_path, read_toml, split_arms
 from nlq.experiments.arms import preset_arms
 from nlq.model.params import count_params, pct_vs
 
@@ -16,14 +16,15 @@ def fmt_pct(p: float) -> str:
 
 
 def params_table(preset: str, sets=None) -> list[dict]:
-    arms = preset_arms(preset, sets)
+    # a preset without [arms] is one arm: its own config
+    arms = preset_arms(preset, sets) or {preset: load_config(preset, sets)}
     _, raw_arms = split_arms(read_toml(preset_path(preset)))
     rows = []
     for name, cfg in arms.items():
         total, non_emb = count_params(cfg.model)
         rows.append({"name": name, "query": cfg.model.query, "mlp_hidden": cfg.model.mlp_width,
                      "total": total, "non_embedding": non_emb,
-                     "computed": "grow_non_embedding_pct" in raw_arms[name]})
+                     "computed": "grow_non_embedding_pct" in raw_arms.get(name, {})})
     base = next((r for r in rows if r["name"] == "linear"), rows[0])["non_embedding"]
     for r in rows:
         r["vs_baseline_pct"] = round(pct_vs(r["non_embedding"], base), 3)
