@@ -1,0 +1,232 @@
+"""Exact parameter counts: `nlq params` prints the paper's table (PAPER.md), the counts equal
+a closed form and a real model's count, and grow_non_embedding_pct picks the closest width.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from nlq.cli import main
+from nlq.config import ModelConfig, load_config
+from nlq.experiments.arms import preset_arms, resolve_arm
+from nlq.model.params import count_params, mlp_width_for_pct
+from nlq.model.transformer import Transformer
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """Tiny tensors: one intra-op thread is faster, and on shared busy cores it avoids
+    OpenMP spin-waiting (measured 4x slower with 2 threads on 2 loaded cores)."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# PAPER.md, "Parameter counts": (name, query, mlp, total, non-embedding, vs baseline %)
+PAPER = [
+    ("linear", "linear", 3072, 124_373_760, 84_953_856, 0.0),
+    ("nonlinear", "nonlinear", 3072, 124_392_192, 84_972_288, 0.022),
+    ("linear+12.5%", "linear", 3648, 134_990_592, 95_570_688, 12.497),
+    ("identity", "identity", 3072, 117_295_872, 77_875_968, -8.331),
+    ("residual", "residual", 3072, 124_373_760, 84_953_856, 0.0),
+]
+
+
+def nlq(*args: str) -> subprocess.Popen:
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    return subprocess.Popen([sys.executable, "-m", "nlq", *args], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+@pytest.fixture(scope="module")
+def json_run():
+    p = nlq("params", "--preset", "gpt3-small", "--json")  # a real subprocess, as a user runs it
+    stdout, stderr = p.communicate(timeout=120)
+    return p.returncode, stdout, stderr
+
+
+def test_nlq_params_json_is_the_paper_table(json_run):
+    rc, stdout, stderr = json_run
+    assert rc == 0, stderr
+    lines = stdout.strip().splitlines()
+    assert len(lines) == 1  # exactly one JSON object
+    obj = json.loads(lines[0])
+    assert set(obj) == {"preset", "arms"}
+    assert obj["preset"] == "gpt3-small"
+    keys = {"name", "query", "mlp_hidden", "total", "non_embedding", "vs_baseline_pct"}
+    for arm in obj["arms"]:
+        assert set(arm) == keys
+    got = [(a["name"], a["query"], a["mlp_hidden"], a["total"], a["non_embedding"],
+            a["vs_baseline_pct"]) for a in obj["arms"]]
+    assert got == PAPER
+
+
+def test_nlq_params_text_table_rows(capsys):
+    assert main(["params", "--preset", "gpt3-small"]) == 0  # in-process: same code path
+    stdout = capsys.readouterr().out
+    rows = [line for line in stdout.splitlines() if line.startswith("| ") and "---" not in line]
+    assert rows == [
+        "| arm | MLP | total | non-embedding | vs linear |",
+        "| linear | 3072 | 124,373,760 | 84,953,856 | - |",
+        "| nonlinear | 3072 | 124,392,192 | 84,972,288 | +0.022% |",
+        "| linear +12.5% (computed) | 3648 | 134,990,592 | 95,570,688 | +12.497% |",
+        "| identity | 3072 | 117,295,872 | 77,875,968 | -8.331% |",
+        "| residual | 3072 | 124,373,760 | 84,953,856 | 0% |",
+    ]
+
+
+# ---------------------------------------------------------------------------------------
+# the counts against a closed form and a real model
+
+
+def closed_form(cfg: ModelConfig) -> tuple[int, int]:
+    """Count by hand. Per block: 2 LayerNorms, q, k, v, o, MLP; plus ln_f and embeddings."""
+    C, H, L, b = cfg.d_model, cfg.mlp_width, cfg.n_layer, int(cfg.bias)
+    kv = cfg.kv_heads * cfg.head_dim
+    ln = C * (1 + b)
+    query = {
+        "linear": C * C + b * C,
+        "residual": C * C + b * C,
+        "identity": 0,
+        # in RMSNorm (gain only) + W1 + W2 + out LayerNorm
+        "nonlinear": C + (C * cfg.rank + b * cfg.rank) + (cfg.rank * C + b * C) + ln,
+    }[cfg.query]
+    attn = query + 2 * (C * kv + b * kv) + C * C + b * C
+    mlp = C * H + b * H + H * C + b * C
+    non_emb = L * (2 * ln + attn + mlp) + ln
+    if not cfg.tie_embeddings:
+        non_emb += cfg.vocab_size * C
+    emb = cfg.vocab_size * C + (cfg.block_size * C if cfg.pos_emb == "learned" else 0)
+    return non_emb + emb, non_emb
+
+
+@pytest.fixture(scope="module")
+def gpt3_arms():
+    return preset_arms("gpt3-small")
+
+
+@pytest.mark.parametrize("arm", [a[0] for a in PAPER])
+def test_paper_arms_match_closed_form(arm, gpt3_arms):
+    cfg = gpt3_arms[arm].model
+    assert count_params(cfg) == closed_form(cfg)
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [dict(query="linear"), dict(query="nonlinear", bias=True), dict(query="identity"),
+     dict(query="residual", tie_embeddings=False), dict(query="nonlinear", n_kv_head=2),
+     dict(query="linear", pos_emb="rope", n_kv_head=1), dict(query="nonlinear", nl_rank=5)],
+    ids=str,
+)
+def test_count_params_equals_real_model_and_closed_form(kw):
+    cfg = ModelConfig(vocab_size=100, block_size=16, n_layer=2, n_head=4, d_model=32,
+                      mlp_hidden=48, **kw)
+    m = Transformer(cfg)
+    real = sum(p.numel() for p in {id(p): p for p in m.parameters()}.values())
+    total, non_emb = count_params(cfg)
+    assert total == real == m.num_params()
+    assert (total, non_emb) == closed_form(cfg)
+
+
+def test_tied_head_counts_once_untied_head_is_non_embedding():
+    cfg = ModelConfig(vocab_size=100, block_size=16, n_layer=1, n_head=4, d_model=32)
+    tied, untied = count_params(cfg), count_params(dataclasses.replace(cfg, tie_embeddings=False))
+    assert untied[0] - tied[0] == 100 * 32
+    assert untied[1] - tied[1] == 100 * 32
+
+
+# ---------------------------------------------------------------------------------------
+# arms: the computed MLP width
+
+
+def test_grow_12_5_pct_on_gpt3_small_is_3648():
+    base = load_config("gpt3-small")
+    cfg = resolve_arm(base, {"grow_non_embedding_pct": 12.5})
+    assert cfg.model.mlp_hidden == 3648 == int(4.75 * 768)
+    assert mlp_width_for_pct(base.model, 12.5) == 3648
+    # everything else is the base config
+    assert dataclasses.replace(cfg.model, mlp_hidden=3072) == base.model
+    assert cfg.train == base.train
+
+
+@pytest.mark.parametrize("pct", [12.5, 3.0, 50.0, -10.0])
+def test_computed_width_on_tiny_is_the_closest(pct):
+    base = load_config("tiny").model
+    n0 = count_params(base)[1]
+    target = n0 * (1 + pct / 100)
+    h = mlp_width_for_pct(base, pct)
+
+    def miss(width):
+        return abs(count_params(dataclasses.replace(base, mlp_hidden=width))[1] - target)
+
+    assert miss(h) <= miss(h - 1) and miss(h) <= miss(h + 1)
+    assert miss(h) < miss(h - 2) and miss(h) < miss(h + 2)
+
+
+def test_tiny_preset_arm_widths():
+    arms = preset_arms("tiny")
+    assert list(arms) == ["linear", "nonlinear", "linear+12.5%", "identity", "residual"]
+    assert arms["linear+12.5%"].model.mlp_hidden == 1216
+    assert {a.model.query for a in arms.values()} == {"linear", "nonlinear", "identity",
+                                                      "residual"}
+
+
+def test_lr_scale_arm_scales_lr_and_min_lr():
+    base = load_config("gpt3-small")
+    cfg = resolve_arm(base, {"grow_non_embedding_pct": 12.5, "lr_scale": 1 / 1.125 ** 0.5})
+    assert cfg.train.lr == pytest.approx(6e-4 / 1.125 ** 0.5)
+    assert cfg.train.min_lr == pytest.approx(6e-5 / 1.125 ** 0.5)
+    assert cfg.model.mlp_hidden == 3648
+
+
+def test_preset_arms_apply_sets_to_every_arm():
+    arms = preset_arms("tiny", {"model.n_layer": 2})
+    assert all(a.model.n_layer == 2 for a in arms.values())
+    # the computed width is recomputed for the overridden base, not copied from the preset
+    base = load_config("tiny", {"model.n_layer": 2}).model
+    assert arms["linear+12.5%"].model.mlp_hidden == mlp_width_for_pct(base, 12.5)
+
+
+def test_count_params_allocates_nothing():
+    cfg = load_config("gpt3-small").model
+    with torch.device("meta"):
+        m = Transformer(cfg)
+    assert all(p.is_meta for p in m.parameters())
+
+
+@pytest.mark.parametrize(
+    "arm,match",
+    [({"grow_non_embedding_pct": "12.5"}, "grow_non_embedding_pct"),
+     ({"grow_non_embedding_pct": True}, "grow_non_embedding_pct"),
+     ({"lr_scale": 0}, "lr_scale"), ({"lr_scale": -1.0}, "lr_scale"),
+     ({"query": "nonlinear"}, "'query'"), ({"model.quary": "nonlinear"}, "model.quary"),
+     ({"model.query": "quadratic"}, "model.query")],
+)
+def test_bad_arm_names_the_key(arm, match):
+    from nlq.errors import NlqError
+
+    with pytest.raises(NlqError, match=match):
+        resolve_arm(load_config("tiny"), arm, "a")
+
+
+def test_params_table_of_a_preset_without_arms(tmp_path, monkeypatch):
+    from nlq.model.cli import params_table
+
+    (tmp_path / "bare.toml").write_text("[model]\nn_layer = 2\nd_model = 64\nn_head = 4\n"
+                                        "vocab_size = 100\nblock_size = 32\n")
+    monkeypatch.setattr("nlq.config.PRESET_DIR", tmp_path)
+    rows = params_table("bare")
+    cfg = load_config("bare").model
+    assert [(r["name"], r["total"], r["vs_baseline_pct"]) for r in rows] == [
+        ("bare", count_params(cfg)[0], 0.0)]
