@@ -21,6 +21,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
+
 from nlq.config import Config, load_config
 from nlq.errors import NlqError
 from nlq.eval.stats import LEVEL, Estimate, Paired, mean_ci, paired
@@ -368,12 +370,28 @@ def _strong_baseline(rows: dict[str, dict], by_arm: dict[str, list[Run]]) -> lis
     return out
 
 
+def unigram_val_loss(data_dir: str | Path) -> float | None:
+    """Val log-loss of a unigram model fitted on the train split (add-one smoothed): what a
+    model that learned only token frequencies would score. None if the shards are unreadable."""
+    from nlq.data.schedule import TokenData
+
+    try:
+        data = TokenData.open(data_dir)
+    except NlqError:
+        return None
+    counts = np.bincount(data.train, minlength=data.vocab_size).astype(np.float64) + 1.0
+    logp = np.log(counts / counts.sum())
+    val_counts = np.bincount(data.val, minlength=data.vocab_size)[: len(logp)]
+    return float(-(val_counts * logp[: len(val_counts)]).sum() / max(1, val_counts.sum()))
+
+
 def _data_info(runs: list[Run]) -> dict:
     dirs = sorted({r.cfg.data.dir for r in runs})
-    info = {"dirs": dirs, "meta": {}}
+    info = {"dirs": dirs, "meta": {}, "unigram_val_loss": {}}
     for d in dirs:
         meta = _read_json(Path(d) / "meta.json")
         info["meta"][d] = meta if isinstance(meta, dict) else None
+        info["unigram_val_loss"][d] = unigram_val_loss(d) if meta else None
     return info
 
 
@@ -494,6 +512,11 @@ def render_markdown(rep: dict, fig_name: str | None = "fig1.png") -> str:
             desc = ", ".join(f"{k} {_int(meta[k]) if isinstance(meta[k], int) else meta[k]}"
                              for k in keys if k in meta)
             L.append(f"- Data: `{d}` ({desc or 'meta.json has none of the usual keys'}).")
+            uni = rep["data"].get("unigram_val_loss", {}).get(d)
+            if uni is not None:
+                L.append(f"- Reference: a unigram model (token frequencies of the train split) "
+                         f"scores val log-loss {uni:.4f} on this data; a run that learned "
+                         f"nothing beyond frequencies would sit there.")
         else:
             L.append(f"- Data: `{d}` (its meta.json is not readable from here).")
     L.append(f"- Runs: {m['n_finished_runs']} finished, over {m['n_arms']} arm(s); seeds per "
