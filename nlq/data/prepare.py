@@ -19,6 +19,7 @@ fails on bad input touches nothing already prepared.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import multiprocessing as mp
@@ -88,11 +89,11 @@ class Split:
         return bool(self._u[i % BLOCK] < self.f)
 
 
-def split_docs(source: sources.Source, split: Split) -> Iterator[tuple[str, bool]]:
-    """(text, is_val) for every non-empty document, in source order."""
-    for i, text in enumerate(source.docs()):
-        if text.strip():
-            yield text, split.is_val(i)
+def split_docs(docs: Iterator[str], split: Split) -> Iterator[tuple[str, bool]]:
+    """(doc, is_val) for every non-empty document, in source order."""
+    for i, doc in enumerate(docs):
+        if doc.strip():
+            yield doc, split.is_val(i)
 
 
 def tasks(docs: Iterator[tuple[str, bool]], chars: int | None = None) -> Iterator[list]:
@@ -123,14 +124,22 @@ def _tokenizer(spec: str, path: str | None) -> tokenizers.Tokenizer:
 
 
 def _init_worker(spec: str, path: str | None) -> None:
-    if path is None:  # gpt2: load now, while the parent is still reading the corpus
-        _tokenizer(spec, path)
+    # gpt2: load now, while the parent is still reading the corpus. A pool respawns a worker
+    # whose initializer raises, forever, so a failure is left for the first task to raise.
+    if path is None:
+        with contextlib.suppress(Exception):
+            _tokenizer(spec, path)
 
 
-def encode_task(spec: str, path: str | None, batch: list, dtype: str):
-    """One task: returns (train ids, val ids, train docs, val docs, UTF-8 bytes), each
-    document's ids followed by the end-of-text id, as arrays of `dtype`."""
+def encode_task(job: tuple, batch: list):
+    """One task. job = (tokenizer spec, tokenizer.json path or None, dtype name, the
+    source's clean function or None); batch = [(raw doc, is_val)]. Returns (train ids, val
+    ids, train docs, val docs, UTF-8 bytes of text), each document's ids followed by the
+    end-of-text id, as arrays of dtype."""
+    spec, path, dtype, clean = job
     tok = _tokenizer(spec, path)
+    if clean is not None:
+        batch = [(t, v) for t, v in ((clean(d), v) for d, v in batch) if t.strip()]
     texts = [t for t, _ in batch]
     ids = tok.encode(texts)
     eot = np.array([tok.eot_id], dtype=np.uint32)
@@ -144,17 +153,17 @@ def encode_task(spec: str, path: str | None, batch: list, dtype: str):
     return arrs[0], arrs[1], len(batch) - n_val, n_val, n_bytes
 
 
-def encode_all(spec: str, path: str | None, task_iter: Iterator[list], dtype: str,
-               workers: int, pool=None) -> Iterator[tuple]:
+def encode_all(job: tuple, task_iter: Iterator[list], workers: int,
+               pool=None) -> Iterator[tuple]:
     """encode_task over all tasks, results in task order. With a pool, at most 4 tasks per
     worker are in flight, so a streamed corpus never sits in memory."""
     if pool is None:
         for batch in task_iter:
-            yield encode_task(spec, path, batch, dtype)
+            yield encode_task(job, batch)
         return
     pending = deque()
     for batch in task_iter:
-        pending.append(pool.apply_async(encode_task, (spec, path, batch, dtype)))
+        pending.append(pool.apply_async(encode_task, (job, batch)))
         if len(pending) >= 4 * workers:
             yield pending.popleft().get()
     while pending:
@@ -276,12 +285,12 @@ def prepare(source: str = DEFAULT_SOURCE, tokenizer: str = DEFAULT_TOKENIZER,
                 f"{done['val_tokens']:,} val tokens); nothing to do (--force redoes it)")
             return done
 
+    created = not out.exists()
     tok_tmp = out / "tokenizer.json.tmp"
     tok_path = str(tok_tmp) if kind == "bpe" else None
-    created = not out.exists()
     writers: list[ShardWriter] = []
-    # Workers start first, so they load gpt2 while this process reads the corpus (a bpe:N
-    # tokenizer loads on the first task, once trained).
+    # Workers start first, so they load gpt2 while this process opens the corpus (a bpe:N
+    # tokenizer loads on their first task, once trained).
     pool = make_pool(workers, tokenizer, tok_path) if workers > 1 else None
     try:
         src = sources.open_source(source, text_field)
@@ -289,73 +298,46 @@ def prepare(source: str = DEFAULT_SOURCE, tokenizer: str = DEFAULT_TOKENIZER,
         out.mkdir(parents=True, exist_ok=True)
         if kind == "bpe":
             log(f"training byte-level BPE of vocab {bpe_vocab} on the train split of {source}")
-            tokenizers.train_bpe((t for t, v in split_docs(src, split) if not v), bpe_vocab,
-                                 tok_tmp)
+            tokenizers.train_bpe((t for t, v in split_docs(src.docs(), split) if not v),
+                                 bpe_vocab, tok_tmp)
         # gpt2's vocab and ids are class constants: with workers, this process skips the load.
         tok = tokenizers.Gpt2 if kind == "gpt2" and pool else tokenizers.load(tokenizer, tok_path)
-        dtype = dtype_for(tok.vocab_size)
+        if pool is None:
+            _worker_tok.clear()
+            _worker_tok[(tokenizer, tok_path)] = tok
         writers = [ShardWriter(out / "train.bin"), ShardWriter(out / "val.bin")]
-        docs = {False: 0, True: 0}
-        text_bytes = 0
-        from tqdm import tqdm
-
-        with tqdm(total=src.n_bytes, unit="B", unit_scale=True, desc="tokenizing",
-                  disable=(None if progress is None else not progress)) as bar:
-            if workers == 1:
-                _worker_tok.clear()
-                _worker_tok[(tokenizer, tok_path)] = tok
-            for tr, va, n_tr, n_va, nb in encode_all(tokenizer, tok_path,
-                                                     tasks(split_docs(src, split)),
-                                                     dtype.name, workers, pool):
-                writers[0].write(tr)
-                writers[1].write(va)
-                docs[False] += n_tr
-                docs[True] += n_va
-                text_bytes += nb
-                bar.update(nb)
-        for w in writers:
-            w.close()
+        counts = write_shards(src, split, tok, (tokenizer, tok_path), writers, pool, workers,
+                              progress)
         if pool is not None:
             pool.close()
             pool.join()
             pool = None
-        _worker_tok.clear()
-        for name, w, nd in (("train", writers[0], docs[False]), ("val", writers[1], docs[True])):
+        for name, w in zip(("train", "val"), writers):
             if w.n < MIN_SPLIT_TOKENS:
                 raise NlqError(
-                    f"the {name} split of {source!r} has {w.n} tokens ({nd} documents), fewer "
-                    f"than one window of {MIN_SPLIT_TOKENS} (tiny preset block_size 256 + 1): "
-                    f"give more text or change --val-fraction ({val_fraction})")
-
+                    f"the {name} split of {source!r} has {w.n} tokens ({counts[name]} "
+                    f"documents), fewer than one window of {MIN_SPLIT_TOKENS} (tiny preset "
+                    f"block_size 256 + 1): give more text or change --val-fraction "
+                    f"({val_fraction})")
         meta = {
             "source": source, "tokenizer": tokenizer, "vocab_size": int(tok.vocab_size),
             "eot_id": int(tok.eot_id),
             "mask_id": None if tok.mask_id is None else int(tok.mask_id),
-            "dtype": dtype.name,
+            "dtype": dtype_for(tok.vocab_size).name,
             "train_tokens": writers[0].n, "val_tokens": writers[1].n,
-            "train_docs": docs[False], "val_docs": docs[True], "text_bytes": text_bytes,
+            "train_docs": counts["train"], "val_docs": counts["val"],
+            "text_bytes": counts["bytes"],
             "sha256": {"train.bin": writers[0].sha.hexdigest(),
                        "val.bin": writers[1].sha.hexdigest()},
             "nlq_version": __version__,
             "command": command if command is not None else ["nlq", *sys.argv[1:]],
             "seed": seed, "val_fraction": val_fraction, "text_field": text_field,
         }
-        # Commit: the folder stops looking complete (no meta.json) before any file changes.
-        (out / "meta.json").unlink(missing_ok=True)
-        _fsync_dir(out)
-        for w in writers:
-            os.replace(w.tmp, w.path)
-        if kind == "bpe":
-            os.replace(tok_tmp, out / "tokenizer.json")
-        else:
-            (out / "tokenizer.json").unlink(missing_ok=True)  # from an earlier bpe run
-        _fsync_dir(out)
-        _write_json_atomic(out / "meta.json", meta)
+        commit(out, writers, tok_tmp if kind == "bpe" else None, meta)
     except BaseException:
         if pool is not None:
             pool.terminate()
             pool.join()
-        _worker_tok.clear()
         for w in writers:
             w.f.close()
             w.tmp.unlink(missing_ok=True)
@@ -363,11 +345,52 @@ def prepare(source: str = DEFAULT_SOURCE, tokenizer: str = DEFAULT_TOKENIZER,
         if created and out.is_dir() and not any(out.iterdir()):
             out.rmdir()
         raise
-    secs = time.perf_counter() - t0
-    meta_note = "" if kind == "gpt2" or tok.vocab_size == bpe_vocab else \
+    finally:
+        _worker_tok.clear()
+    note = "" if kind == "gpt2" or tok.vocab_size == bpe_vocab else \
         f" (the text supports only {tok.vocab_size} of the {bpe_vocab} requested)"
     log(f"{out}: {meta['train_tokens']:,} train tokens ({meta['train_docs']} docs), "
         f"{meta['val_tokens']:,} val tokens ({meta['val_docs']} docs), vocab "
-        f"{meta['vocab_size']}{meta_note}, {dtype.name}, {text_bytes / 1e6:.1f} MB of text in "
-        f"{secs:.1f} s")
+        f"{meta['vocab_size']}{note}, {meta['dtype']}, {meta['text_bytes'] / 1e6:.1f} MB of "
+        f"text in {time.perf_counter() - t0:.1f} s")
     return meta
+
+
+def write_shards(src: sources.Source, split: Split, tok, tok_key: tuple,
+                 writers: list[ShardWriter], pool, workers: int,
+                 progress: bool | None) -> dict:
+    """Encode every document into writers [train, val] (their .tmp files, fsynced); returns
+    document counts and text bytes. Raw documents go to the workers, which clean them
+    (src.clean) and encode; results come back in document order."""
+    from tqdm import tqdm
+
+    counts = {"train": 0, "val": 0, "bytes": 0}
+    job = (*tok_key, dtype_for(tok.vocab_size).name, src.clean)
+    with tqdm(total=src.n_bytes, unit="B", unit_scale=True, desc="tokenizing",
+              disable=None if progress is None else not progress) as bar:
+        for train, val, n_train, n_val, n_bytes in encode_all(
+                job, tasks(split_docs(src.iterate(), split)), workers, pool):
+            writers[0].write(train)
+            writers[1].write(val)
+            counts["train"] += n_train
+            counts["val"] += n_val
+            counts["bytes"] += n_bytes
+            bar.update(n_bytes)
+    for w in writers:
+        w.close()
+    return counts
+
+
+def commit(out: Path, writers: list[ShardWriter], tok_tmp: Path | None, meta: dict) -> None:
+    """Move the finished .tmp files into place. The folder stops looking complete (no
+    meta.json) before any file changes, and meta.json comes last."""
+    (out / "meta.json").unlink(missing_ok=True)
+    _fsync_dir(out)
+    for w in writers:
+        os.replace(w.tmp, w.path)
+    if tok_tmp is not None:
+        os.replace(tok_tmp, out / "tokenizer.json")
+    else:
+        (out / "tokenizer.json").unlink(missing_ok=True)  # from an earlier bpe:N run
+    _fsync_dir(out)
+    _write_json_atomic(out / "meta.json", meta)

