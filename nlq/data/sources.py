@@ -111,7 +111,8 @@ def markdown_to_text(md: str) -> str:
     text = _MD_HEADING.sub("\n", "\n" + md)
     text = text.replace("*", "").replace("_", "")
     text = _MD_ESCAPE.sub(r"\1", text) + "\n"
-    while " \n" in text or "\t\n" in text:  # trailing spaces (markdown line breaks)
+    text = text.replace("  \n", "\n")  # markdown line breaks: two trailing spaces
+    while " \n" in text or "\t\n" in text:  # any other trailing whitespace
         text = text.replace(" \n", "\n").replace("\t\n", "\n")
     return text.strip() + "\n"
 
