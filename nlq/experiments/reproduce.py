@@ -244,6 +244,10 @@ def reproduce(experiment: str, preset: str, seeds: int, arm_names: list[str] | N
     ensure_data(preset, specs[0].cfg)
     t0 = time.time()
     failed = run_all(specs, exp, jobs, out)
+    if len(failed) == len(specs):
+        print(f"reproduce: every run failed ({', '.join(failed)}); see their train.log, then "
+              f"run the command again to resume them", file=sys.stderr)
+        return 1
     rep = build_report([s.run_dir for s in specs], out, baseline=exp.baseline,
                        title=f"nlq reproduce: {exp.name} ({preset} preset, {seeds} seed(s))")
     print(f"reproduce: {len(specs)} runs in {time.time() - t0:.0f} s; wrote {out / 'report.md'}, "
