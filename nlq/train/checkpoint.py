@@ -159,6 +159,12 @@ def _verify(d: Path) -> dict:
     return state
 
 
+def any_saved(run_dir: Path) -> bool:
+    """Whether a checkpoint dir was ever completed in run_dir (valid or not)."""
+    root = run_dir / "ckpt"
+    return root.is_dir() and any(root.glob("step_*"))
+
+
 def load_latest(run_dir: Path) -> Checkpoint:
     """The newest checkpoint that verifies: `latest` first, then older step dirs."""
     root = run_dir / "ckpt"

@@ -102,6 +102,16 @@ def all_reduce_sum(t: torch.Tensor, d: Dist) -> torch.Tensor:
     return t
 
 
+def max_over_ranks(value: int, d: Dist, device: torch.device) -> int:
+    """The largest value over all ranks (one tiny all-reduce): ranks agree on a decision,
+    e.g. stopping when a signal reached only some of them."""
+    if not d.active:
+        return value
+    t = torch.tensor([value], dtype=torch.int64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return int(t.item())
+
+
 _FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
 
 

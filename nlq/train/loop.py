@@ -36,12 +36,15 @@ class Diverged(NlqError):
 
 
 def lr_at(step: int, t) -> float:
-    """Linear warmup for warmup_steps, then cosine from lr to min_lr at max_steps (nanoGPT)."""
+    """lr of the optimizer step taken at `step` (0 .. max_steps - 1): linear warmup for
+    warmup_steps (nanoGPT), then cosine from lr down to min_lr, reached at the last step
+    (PAPER.md: "cosine decay to min_lr at the last step")."""
     if step < t.warmup_steps:
         return t.lr * (step + 1) / (t.warmup_steps + 1)
-    if step >= t.max_steps:
+    last = t.max_steps - 1
+    if step >= last:
         return t.min_lr
-    ratio = (step - t.warmup_steps) / max(1, t.max_steps - t.warmup_steps)
+    ratio = (step - t.warmup_steps) / (last - t.warmup_steps)
     return t.min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (t.lr - t.min_lr)
 
 
@@ -53,11 +56,15 @@ def make_optimizer(model: Transformer, t, device: torch.device) -> torch.optim.A
     decay, no_decay = [], []
     for name, p in model.named_parameters():
         (decay if p.dim() >= 2 and (t.decay_embeddings or name not in emb) else no_decay).append(p)
-    fused = t.fused_adamw and device.type == "cuda"
+    # fused AdamW has CUDA and CPU kernels (torch >= 2.4); on other devices it is an error
+    # rather than a silently ignored key
+    if t.fused_adamw and device.type not in ("cuda", "cpu"):
+        raise NlqError(f"train.fused_adamw = true is not supported on {device.type}: set it "
+                       f"to false")
     return torch.optim.AdamW(
         [{"params": decay, "weight_decay": t.weight_decay},
          {"params": no_decay, "weight_decay": 0.0}],
-        lr=t.lr, betas=(t.beta1, t.beta2), eps=t.eps, fused=fused or None,
+        lr=t.lr, betas=(t.beta1, t.beta2), eps=t.eps, fused=t.fused_adamw or None,
     )
 
 
@@ -93,7 +100,8 @@ class RunDir:
         try:
             from torch.utils.tensorboard import SummaryWriter
 
-            self._tb = SummaryWriter(str(self.path / "tb"), purge_step=step if step else None)
+            purge = step if truncate_to is not None else None  # resumed: drop later events
+            self._tb = SummaryWriter(str(self.path / "tb"), purge_step=purge)
         except ImportError:  # tensorboard is optional at run time
             self._tb = None
 
@@ -111,23 +119,28 @@ class RunDir:
         return self.metrics_path.stat().st_size
 
     def close(self) -> None:
-        for f in (self._metrics, self._tb):
+        for f in (self._metrics, self._tb, self._lock):
             if f is not None:
-                f.close()
+                f.close()  # closing the lock file releases the lock
 
 
-def prepare_run_dir(cfg: Config, run_dir: Path, resume: bool) -> Config:
-    """New run: create the dir and write the resolved config. Resume: read it back."""
-    cfg_path = run_dir / "config.toml"
+def prepare_run_dir(cfg: Config, run: RunDir, resume: bool) -> Config:
+    """Lock the run dir first (so a second process is told about the first one). New run:
+    check the data, then create the dir and write the resolved config; a failed start leaves
+    no run dir behind. Resume: read the config back."""
+    run_dir, cfg_path = run.path, run.path / "config.toml"
     if resume:
         if not cfg_path.is_file():
             raise NlqError(f"{run_dir} is not an nlq run dir (no config.toml): nothing to resume")
+        run.lock()
         return config_from_toml(cfg_path.read_text())
-    if (run_dir / "ckpt").exists() or cfg_path.exists():
-        raise NlqError(f"run dir {run_dir} already holds a run: continue it with "
-                       f"`nlq train --resume {run_dir}` or choose another --out")
+    TokenData.open(cfg.data.dir).check(cfg.model.vocab_size, cfg.model.block_size)
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
+        run.lock()
+        if (run_dir / "ckpt").exists() or cfg_path.exists():
+            raise NlqError(f"run dir {run_dir} already holds a run: continue it with "
+                           f"`nlq train --resume {run_dir}` or choose another --out")
         checkpoint.write_atomic(cfg_path, cfg.to_toml())
     except OSError as e:
         raise NlqError(f"cannot write run dir {run_dir}: {e.strerror or e}") from None
@@ -143,23 +156,23 @@ def train(cfg: Config, run_dir: str | Path, resume: bool = False, progress: bool
         print(f"nlq: {run_dir} already finished at step {summary['step']}", file=sys.stderr)
         return summary
     dd, device = D.setup(cfg.train.device)
+    run = RunDir(run_dir, dd.main)
     try:
         if dd.main:
-            cfg = prepare_run_dir(cfg, run_dir, resume)
+            cfg = prepare_run_dir(cfg, run, resume)
         elif resume:
             cfg = config_from_toml((run_dir / "config.toml").read_text())
-        return _train(cfg, run_dir, resume, progress, dd, device)
+        return _train(cfg, run, resume, progress, dd, device)
     finally:
+        run.close()
         D.teardown(dd)
 
 
-def _train(cfg, run_dir, resume, progress, dd, device) -> dict:
+def _train(cfg, run: RunDir, resume, progress, dd, device) -> dict:
     t, m = cfg.train, cfg.model
     obj = objective(cfg)
     T, B, A = m.block_size, t.micro_batch, t.grad_accum
-    run = RunDir(run_dir, dd.main)
-    if dd.main:
-        run.lock()
+    run_dir = run.path
 
     # -- data: the same windows for every arm (nlq/data/schedule.py) ---------------------
     data = TokenData.open(cfg.data.dir)
@@ -196,7 +209,15 @@ def _train(cfg, run_dir, resume, progress, dd, device) -> dict:
     autocast = (torch.autocast(device.type, dtype=torch.bfloat16) if bf16 else nullcontext())
 
     step, tokens, elapsed, metrics_offset = 0, 0, 0.0, None
-    if resume:
+    fresh = not resume or not checkpoint.any_saved(run_dir)
+    if resume and fresh:
+        # stopped before its first checkpoint: starting over from step 0 is exact (init,
+        # batches and masks are functions of the config), so that is what resuming means
+        metrics_offset = 0
+        if dd.main:
+            print(f"nlq: warning: {run_dir} has no checkpoint yet; starting it again from "
+                  f"step 0", file=sys.stderr)
+    elif resume:
         ck = checkpoint.load_latest(run_dir)
         if ck.state.get("model_config") != cfg.to_dict()["model"]:
             raise NlqError(f"checkpoint {ck.path} was written for another model config than "
@@ -213,7 +234,7 @@ def _train(cfg, run_dir, resume, progress, dd, device) -> dict:
         elapsed, metrics_offset = ck.state["elapsed"], ck.state["metrics_bytes"]
     if dd.main:
         run.open_logs(metrics_offset, step)
-        if not resume:
+        if fresh:
             run.log({"kind": "meta", "step": 0, "params_total": n_total,
                      "params_non_embedding": n_non_emb, "nlq_version": __version__,
                      "world_size": dd.world, "device": str(device)})
@@ -280,7 +301,7 @@ def _train(cfg, run_dir, resume, progress, dd, device) -> dict:
         bar = tqdm(total=t.max_steps, initial=step, desc=run_dir.name, unit="step",
                    dynamic_ncols=True, file=sys.stderr)
     tokens_per_step = A * B * T
-    resumed_at = step if resume else None
+    resumed_at = None if fresh else step
     val_loss = val_ppl = float("nan")
     t_last, tokens_last = time.perf_counter(), tokens
     try:
@@ -297,15 +318,20 @@ def _train(cfg, run_dir, resume, progress, dd, device) -> dict:
                              "val_ppl": val_ppl, "tokens": tokens, "elapsed": elapsed})
                     if bar is not None:
                         bar.write(f"step {step}: val loss {val_loss:.4f}, ppl {val_ppl:.2f}")
-            if boundary and (last or step % t.ckpt_interval == 0 and step > 0
-                             or stop["signal"] is not None):
+            # a signal that reached any rank stops every rank at this same boundary
+            signum = D.max_over_ranks(stop["signal"] or 0, dd, device)
+            # never at step 0: there is nothing to keep, and a checkpoint without optimizer
+            # state would resume with a differently initialised AdamW (torch's
+            # set_optimizer_state_dict fills empty state with a step-1 state)
+            if boundary and step > 0 and (last or step % t.ckpt_interval == 0
+                                          or signum):
                 save(step)
             if last:
                 break
-            if stop["signal"] is not None:
+            if signum:
                 if dd.main:
-                    print(f"nlq: stopped by signal {stop['signal']} at step {step}; checkpoint "
-                          f"saved, continue with `nlq train --resume {run_dir}`", file=sys.stderr)
+                    print(f"nlq: stopped by signal {signum} at step {step}; continue "
+                          f"with `nlq train --resume {run_dir}`", file=sys.stderr)
                 return {"status": "interrupted", "step": step}
 
             # -- one optimizer step: accumulate, clip, step ----------------------------------
@@ -358,8 +384,6 @@ def _train(cfg, run_dir, resume, progress, dd, device) -> dict:
             signal.signal(s, h)
         if bar is not None:
             bar.close()
-        if dd.main:
-            run.close()
 
     summary = {"status": "finished", "step": step, "tokens": tokens, "val_loss": val_loss,
                "val_ppl": val_ppl, "params_total": n_total,

@@ -1,0 +1,311 @@
+"""`nlq train` in process: every TrainConfig key does what it says, the lr schedule follows its
+formula, weight decay hits 2-D matrices only, the val loss falls on learnable data, and the
+logged val loss is the sum of nats over the sum of tokens of the fixed val windows.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import helpers
+import pytest
+import torch
+from helpers import ckpt_dirs, final_ckpt, load_ckpt, make_data, metrics, tiny_config
+from safetensors.torch import load_file
+
+from nlq.config import TrainConfig
+from nlq.data.schedule import TokenData, val_windows
+from nlq.errors import NlqError
+from nlq.model import Transformer
+from nlq.train import loop
+from nlq.train.loop import make_optimizer, train
+
+one_thread = helpers.one_thread  # autouse: tiny models run ~10x faster on one thread
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    return make_data(tmp_path_factory.mktemp("data"))
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory, data):
+    """run(**overrides) -> run dir, cached: every key's variant is compared with one base."""
+    root, cache = tmp_path_factory.mktemp("runs"), {}
+
+    def run(**overrides):
+        key = tuple(sorted(overrides.items()))
+        if key not in cache:
+            d = root / f"run{len(cache)}"
+            train(tiny_config(data, **overrides), d, progress=False)
+            cache[key] = d
+        return cache[key]
+
+    return run
+
+
+# -- what each key changes ------------------------------------------------------------------
+
+
+def expected_lr(s: int, lr: float, min_lr: float, warmup: int, max_steps: int) -> float:
+    """The lr of optimizer step s (0-based), written out independently of the loop: linear
+    warmup lr*(s+1)/(warmup+1), then cosine from lr to min_lr, reached at the last step."""
+    if s < warmup:
+        return lr * (s + 1) / (warmup + 1)
+    ratio = (s - warmup) / (max_steps - 1 - warmup)
+    return min_lr + 0.5 * (1 + math.cos(math.pi * ratio)) * (lr - min_lr)
+
+
+def train_rows(d):
+    return metrics(d, "train")
+
+
+def check_tokens(base, var, cb, cv):
+    for d, c in ((base, cb), (var, cv)):
+        rows = train_rows(d)
+        per = c.train.micro_batch * c.train.grad_accum * c.model.block_size
+        assert [r["tokens"] for r in rows] == [r["step"] * per for r in rows]
+    assert train_rows(base)[0]["tokens"] != train_rows(var)[0]["tokens"]
+
+
+def check_final_step(base, var, cb, cv):
+    for d, c in ((base, cb), (var, cv)):
+        assert train_rows(d)[-1]["step"] == c.train.max_steps
+        assert final_ckpt(d).name == f"step_{c.train.max_steps:06d}"
+    assert cb.train.max_steps != cv.train.max_steps
+
+
+def check_lr(base, var, cb, cv):
+    for d, c in ((base, cb), (var, cv)):
+        t = c.train
+        got = [r["lr"] for r in train_rows(d)]  # the row of step s+1 logs step s's lr
+        want = [expected_lr(s, t.lr, t.min_lr, t.warmup_steps, t.max_steps)
+                for s in range(t.max_steps)]
+        assert got == pytest.approx(want, rel=1e-12)
+        assert got[-1] == pytest.approx(t.min_lr, rel=1e-12)  # min_lr at the last step
+    assert [r["lr"] for r in train_rows(base)] != [r["lr"] for r in train_rows(var)]
+
+
+def check_weights(base, var, cb, cv):
+    a, b = load_ckpt(base)[0], load_ckpt(var)[0]
+    assert a.keys() == b.keys()
+    assert any(not torch.equal(a[k], b[k]) for k in a), "final weights identical"
+
+
+def check_losses(base, var, cb, cv):
+    la, lb = [r["loss"] for r in train_rows(base)], [r["loss"] for r in train_rows(var)]
+    assert la != lb and all(math.isfinite(x) for x in la + lb)
+    return la, lb
+
+
+def check_bf16(base, var, cb, cv):
+    la, lb = check_losses(base, var, cb, cv)
+    assert la == pytest.approx(lb, abs=0.05)  # bf16 autocast: different, but only a little
+
+
+def check_eval_steps(base, var, cb, cv):
+    for d, c in ((base, cb), (var, cv)):
+        n, k = c.train.max_steps, c.train.eval_interval
+        assert [r["step"] for r in metrics(d, "eval")] == sorted({*range(0, n + 1, k), n})
+
+
+def check_val_loss(base, var, cb, cv):
+    assert metrics(base, "eval")[0]["val_loss"] != metrics(var, "eval")[0]["val_loss"]
+
+
+def check_train_steps(base, var, cb, cv):
+    for d, c in ((base, cb), (var, cv)):
+        n, k = c.train.max_steps, c.train.log_interval
+        assert [r["step"] for r in train_rows(d)] == sorted({*range(k, n + 1, k), n})
+
+
+def check_ckpts(base, var, cb, cv):
+    for d, c in ((base, cb), (var, cv)):
+        n, k = c.train.max_steps, c.train.ckpt_interval
+        steps = sorted({*range(k, n + 1, k), n})[-c.train.keep_checkpoints:]
+        assert ckpt_dirs(d) == [f"step_{s:06d}" for s in steps]
+
+
+def check_fused(base, var, cb, cv):
+    # the optimizer's own record of how it ran (state.json keeps its param_groups)
+    import json
+
+    for d, c in ((base, cb), (var, cv)):
+        groups = json.loads((final_ckpt(d) / "state.json").read_text())["param_groups"]
+        assert all(bool(g["fused"]) == c.train.fused_adamw for g in groups)
+    a, b = load_ckpt(base)[0], load_ckpt(var)[0]
+    for k in a:  # the same algorithm: equal up to rounding
+        torch.testing.assert_close(a[k], b[k], atol=1e-5, rtol=0)
+
+
+# key -> (the other value, check); the base is tests/helpers.py TINY. Keys not in this table
+# are tested below (objective, mlm_prob, prefix_frac, device, compile) or in test_dist.py
+# (parallel); test_every_key_is_tested keeps the list complete.
+CASES = {
+    "train.micro_batch": (2, check_tokens),
+    "train.grad_accum": (3, check_tokens),
+    "train.max_steps": (4, check_final_step),
+    "train.lr": (3e-3, check_lr),
+    "train.min_lr": (0.0, check_lr),
+    "train.warmup_steps": (0, check_lr),
+    "train.beta1": (0.5, check_weights),
+    "train.beta2": (0.9, check_weights),
+    "train.eps": (1e-3, check_weights),
+    "train.weight_decay": (0.0, check_weights),
+    "train.decay_embeddings": (False, check_weights),
+    "train.grad_clip": (0.05, check_weights),
+    "train.seed": (1, check_weights),
+    "data.seed": (8, check_weights),
+    "model.dropout": (0.2, check_weights),
+    "train.precision": ("bf16", check_bf16),
+    "train.eval_interval": (2, check_eval_steps),
+    "train.eval_batches": (3, check_val_loss),
+    "train.log_interval": (4, check_train_steps),
+    "train.ckpt_interval": (2, check_ckpts),
+    "train.keep_checkpoints": (1, check_ckpts),
+    "train.fused_adamw": (False, check_fused),
+}
+ELSEWHERE = {"objective", "mlm_prob", "prefix_frac", "device", "compile", "parallel"}
+
+
+def test_every_key_is_tested():
+    keys = {f.name for f in dataclasses.fields(TrainConfig)}
+    covered = {k.split(".")[1] for k in CASES if k.startswith("train.")} | ELSEWHERE
+    assert keys == covered, f"TrainConfig keys without a test: {sorted(keys - covered)}"
+
+
+@pytest.mark.parametrize("key", sorted(CASES))
+def test_key_is_honoured(key, runs, data):
+    value, check = CASES[key]
+    cb, cv = tiny_config(data), tiny_config(data, **{key: value})
+    assert cb != cv
+    check(runs(), runs(**{key: value}), cb, cv)
+
+
+def test_base_run_is_deterministic(runs, data, tmp_path):
+    """The comparisons above mean something only if equal configs give equal runs."""
+    train(tiny_config(data), tmp_path / "again", progress=False)
+    a, b = load_ckpt(runs())[0], load_ckpt(tmp_path / "again")[0]
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_cuda_without_cuda_is_an_error(data, tmp_path):
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    with pytest.raises(NlqError, match="CUDA"):
+        train(tiny_config(data, **{"train.device": "cuda"}), tmp_path / "r", progress=False)
+    assert not (tmp_path / "r").exists()
+
+
+def test_mlm_encoder_trains_on_masked_tokens(data, tmp_path, monkeypatch):
+    """objective mlm + arch encoder: finite falling loss, targets on ~mlm_prob of tokens."""
+    seen = {}
+    real = loop.mlm_corrupt
+
+    def spy(tokens, seed, key, prob, mask_id, vocab_size):
+        x, y = real(tokens, seed, key, prob, mask_id, vocab_size)
+        s = seen.setdefault(prob, [0, 0, 0])
+        s[0] += int((y >= 0).sum())
+        s[1] += y.numel()
+        s[2] += int((x == mask_id).sum())
+        return x, y
+
+    monkeypatch.setattr(loop, "mlm_corrupt", spy)
+    for prob in (0.15, 0.4):
+        cfg = tiny_config(data, **{"model.arch": "encoder", "train.objective": "mlm",
+                                   "train.mlm_prob": prob, "train.max_steps": 12})
+        train(cfg, tmp_path / f"mlm{prob}", progress=False)
+        losses = [r["loss"] for r in metrics(tmp_path / f"mlm{prob}", "train")]
+        assert all(math.isfinite(x) for x in losses)
+        val = [r["val_loss"] for r in metrics(tmp_path / f"mlm{prob}", "eval")]
+        assert val[-1] < val[0]
+        targets, total, masked = seen[prob]
+        assert targets / total == pytest.approx(prob, abs=0.05)
+        assert masked / targets == pytest.approx(0.8, abs=0.1)  # BERT's 80% [MASK]
+
+
+@pytest.mark.parametrize("arch,objective", [("encoder", "clm"), ("decoder", "mlm"),
+                                            ("prefix", "mlm")])
+def test_objective_arch_mismatch_is_an_error(data, arch, objective):
+    with pytest.raises(NlqError, match="objective"):
+        tiny_config(data, **{"model.arch": arch, "train.objective": objective})
+
+
+def test_prefix_frac_changes_the_loss(runs):
+    a = metrics(runs(**{"model.arch": "prefix", "train.prefix_frac": 0.25}), "train")
+    b = metrics(runs(**{"model.arch": "prefix", "train.prefix_frac": 0.75}), "train")
+    assert a[0]["loss"] != b[0]["loss"]
+    assert all(math.isfinite(r["loss"]) for r in a + b)
+
+
+@pytest.mark.slow
+def test_compile_matches_eager(runs):
+    a, b = load_ckpt(runs())[0], load_ckpt(runs(**{"train.compile": True}))[0]
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], atol=1e-4, rtol=0)
+
+
+# -- optimizer groups -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("decay_embeddings", [True, False])
+@pytest.mark.parametrize("tied", [True, False])
+def test_weight_decay_on_matrices_only(data, decay_embeddings, tied):
+    cfg = tiny_config(data, **{"model.bias": True, "model.query": "nonlinear",
+                               "model.tie_embeddings": tied,
+                               "train.decay_embeddings": decay_embeddings})
+    model = Transformer(cfg.model)
+    opt = make_optimizer(model, cfg.train, torch.device("cpu"))
+    decay, no_decay = opt.param_groups
+    assert decay["weight_decay"] == cfg.train.weight_decay and no_decay["weight_decay"] == 0.0
+    in_decay = {id(p) for p in decay["params"]}
+    in_no_decay = {id(p) for p in no_decay["params"]}
+    names = dict(model.named_parameters())
+    assert in_decay | in_no_decay == {id(p) for p in names.values()}
+    assert not in_decay & in_no_decay
+    embeddings = {"wte.weight", "wpe.weight"}
+    for name, p in names.items():
+        want = p.dim() == 2 and (decay_embeddings or name not in embeddings)
+        assert (id(p) in in_decay) == want, name
+    # norms (LayerNorm, the nonlinear query's RMSNorm/LayerNorm) and biases never decay
+    assert any(n.endswith(".bias") for n in names) and any("norm" in n or "ln" in n for n in names)
+    assert model.lm_head.weight is model.wte.weight or id(model.lm_head.weight) in in_decay
+
+
+# -- learning and evaluation ----------------------------------------------------------------
+
+
+def test_val_loss_falls(runs):
+    rows = metrics(runs(**{"train.max_steps": 50, "train.eval_interval": 25,
+                           "train.ckpt_interval": 50}), "eval")
+    assert [r["step"] for r in rows] == [0, 25, 50]
+    first, last = rows[0]["val_loss"], rows[-1]["val_loss"]
+    assert first == pytest.approx(math.log(320), abs=0.3)  # near-uniform at init
+    assert last < first - 0.5, (first, last)
+
+
+@pytest.mark.parametrize("arch", ["decoder", "prefix"])
+def test_val_loss_is_nats_over_tokens(runs, data, arch):
+    """Recompute the final val loss from the saved weights on the fixed val windows."""
+    over = {"model.arch": arch, "train.eval_batches": 3}
+    d, cfg = runs(**over), tiny_config(data, **over)
+    m, t = cfg.model, cfg.train
+    model = Transformer(m)
+    model.load_weights(load_file(str(final_ckpt(d) / "model.safetensors")))
+    model.eval()
+    T = m.block_size
+    windows = val_windows(TokenData.open(data).val, cfg.data.seed, t.eval_batches * t.micro_batch, T)
+    prefix = int(t.prefix_frac * T) if arch == "prefix" else 0
+    nats, count = 0.0, 0
+    with torch.no_grad():
+        for w in windows.split(t.micro_batch):  # (B, T+1)
+            logits, _ = model(w[:, :-1], prefix_len=prefix if arch == "prefix" else None)
+            logp = torch.log_softmax(logits.double(), -1)  # (B, T, V)
+            nll = -logp.gather(-1, w[:, 1:, None]).squeeze(-1)  # (B, T)
+            nats += nll[:, prefix:].sum().item()
+            count += nll[:, prefix:].numel()
+    last = metrics(d, "eval")[-1]
+    assert last["step"] == t.max_steps
+    assert last["val_loss"] == pytest.approx(nats / count, abs=1e-5)
+    assert last["val_ppl"] == pytest.approx(math.exp(nats / count), rel=1e-4)
