@@ -10,7 +10,7 @@ A source spec is one string:
                       .txt file, per .jsonl line, per .parquet row (field --text-field)
 
 Why these document units: the train/val split is by document (issue 4), so a document should
-be a whole work. Plays are 20-30k words each, so 5% of the 44 plays (2) is a fair validation
+be a whole work. Plays are 20-30k words each, so 5% of the 38 plays (2) is a fair validation
 set of unseen plays. Bible books are far from equal in size (Obadiah vs Psalms), so there a
 document is a chapter (1,189 of them) and 5% of documents is close to 5% of the text.
 
@@ -37,8 +37,9 @@ SPEC_HELP = ("embedded, embedded:kjv, embedded:all, hf:NAME[:CONFIG], or a .txt/
 
 @dataclass
 class Source:
-    """Documents of one spec. In-memory sources know their document count, so the split
-    draws an exact number of validation documents; streamed ones (n_docs None) do not."""
+    """Documents of one spec. Where the document count is known (files, embedded corpora,
+    saved HF datasets) the split draws an exact number of validation documents; a streamed
+    HF dataset (n_docs None) gets the per-document draw (nlq.data.prepare.Split)."""
 
     spec: str
     slug: str  # names the default output folder, data/<slug>-<tokenizer>
