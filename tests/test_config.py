@@ -186,7 +186,7 @@ def test_parse_sets_reads_toml_values():
 @pytest.mark.parametrize(
     "sets,key",
     [(["model.n_layer=2.5"], "model.n_layer"), (["model.n_layr=2"], "model.n_layr"),
-     (["n_layer=2"], "n_layer"), (["model.d_model=100"], "model.d_model"),
+     (["n_layer=2"], "n_layer"), (["model.d_model=102"], "model.d_model"),
      (["model.nl_rank=0"], "model.nl_rank"), (["train.lr=-1"], "train.lr"),
      (["model.query=quadratic"], "model.query"), (["model.dropout=1"], "model.dropout"),
      (["train.min_lr=1.0"], "train.min_lr"), (["model.bias=yes"], "model.bias")],
@@ -216,7 +216,7 @@ def test_nlq_params_bad_set_exits_2_with_one_line():
 
 @pytest.mark.parametrize(
     "sets,key",
-    [(["model.d_model=100"], "model.d_model"), (["train.lr=nan"], "train.lr"),
+    [(["model.d_model=102"], "model.d_model"), (["train.lr=nan"], "train.lr"),
      (["model.n_heads=2"], "model.n_heads"), (["model.query=1"], "model.query"),
      (["model.n_kv_head=3"], "model.n_kv_head"), (["model.query=quadratic"], "model.query")],
 )
@@ -234,7 +234,7 @@ def test_cli_good_set_in_process(capsys):
     two = {a["name"]: a["non_embedding"] for a in arms}
     assert main(["params", "--preset", "tiny", "--json"]) == 0
     four = {a["name"]: a["non_embedding"] for a in json.loads(capsys.readouterr().out)["arms"]}
-    ln_f = 256
+    ln_f = load_config("tiny").model.d_model  # the final norm is not per layer
     assert two["linear"] - ln_f == (four["linear"] - ln_f) // 2
 
 
@@ -250,8 +250,10 @@ def test_load_config_file_with_preset_and_overrides(tmp_path):
     want = load_config("tiny").replace(**{"model.query": "nonlinear", "model.n_layer": 3,
                                           "train.lr": 1e-3, "train.max_steps": 7})
     assert cfg == want
-    assert cfg.model.d_model == 256 and cfg.train.min_lr == 2e-4  # from the preset
-    assert load_config(str(p)) == want.replace(**{"model.n_layer": 2, "train.max_steps": 300})
+    tiny = load_config("tiny")
+    assert (cfg.model.d_model, cfg.train.min_lr) == (tiny.model.d_model, tiny.train.min_lr)
+    assert load_config(str(p)) == want.replace(**{"model.n_layer": 2,
+                                                  "train.max_steps": tiny.train.max_steps})
 
 
 def test_load_config_file_errors_name_the_key(tmp_path):
@@ -277,9 +279,10 @@ def test_load_config_without_source_is_the_defaults():
 
 
 def test_folder_named_like_a_preset_does_not_shadow_it(tmp_path, monkeypatch):
+    want = load_config("tiny")
     (tmp_path / "tiny").mkdir()  # e.g. a run dir made by `--out tiny`
     monkeypatch.chdir(tmp_path)
-    assert load_config("tiny").model.d_model == 256
+    assert load_config("tiny") == want
 
 
 def test_arm_that_is_not_a_table_is_an_error(tmp_path):

@@ -16,7 +16,8 @@ from nlq.eval.report import build_report, collect
 
 T975_1 = 12.706204736174707  # t_{0.975, 1}: two seeds -> 1 degree of freedom
 STEPS = [0, 10, 20, 30]
-TOK_PER_STEP = 8 * 2 * 256  # tiny preset: micro_batch x grad_accum x block_size
+_T = load_config("tiny")
+TOK_PER_STEP = _T.train.micro_batch * _T.train.grad_accum * _T.model.block_size
 
 
 def make_run(root: Path, arm: str, seed: int, losses: list[float], overrides=None,
@@ -131,7 +132,7 @@ def test_report_numbers_recomputed_from_metrics(experiment, tmp_path):
 
     md = (tmp_path / "out" / "report.md").read_text()
     assert "Incomplete runs (excluded from the statistics)" in md and "seed2" in md
-    assert "bpe:8192" in md and "Tokens per run: 122,880" in md
+    assert "bpe:8192" in md and f"Tokens per run: {30 * TOK_PER_STEP:,}" in md
     assert "arXiv 2603.13381" in md and "cannot be checked here" in md
 
     png = tmp_path / "out" / "fig1.png"

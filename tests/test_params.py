@@ -177,7 +177,7 @@ def test_computed_width_on_tiny_is_the_closest(pct):
 def test_tiny_preset_arm_widths():
     arms = preset_arms("tiny")
     assert list(arms) == ["linear", "nonlinear", "linear+12.5%", "identity", "residual"]
-    assert arms["linear+12.5%"].model.mlp_hidden == 1216
+    assert arms["linear+12.5%"].model.mlp_hidden == 608  # 4.75 x 128, as 3648 = 4.75 x 768
     assert {a.model.query for a in arms.values()} == {"linear", "nonlinear", "identity",
                                                       "residual"}
 
