@@ -42,7 +42,8 @@ DEFAULT_TOKENIZER = "bpe:8192"  # the tiny preset reads data/embedded-bpe8192
 DEFAULT_SEED = 2357  # PAPER.md: the validation split of OpenWebText uses seed 2357
 PAPER_VAL_FRACTION = 0.0005  # PAPER.md: 0.05% of OpenWebText
 SMALL_VAL_FRACTION = 0.05  # 2 of the 38 embedded plays: enough text to evaluate on
-# The shortest split we accept: one window of the tiny preset (block_size 256, + 1 target).
+# The shortest split we accept: one window of 256 tokens + 1 target. A floor that catches a
+# split too small to evaluate on; TokenData.check enforces each model's own block_size.
 MIN_SPLIT_TOKENS = 257
 TASK_CHARS = 1 << 18  # characters of text per worker task: small enough to balance 2 workers
 BLOCK = 1 << 16  # documents per counter-seeded block of the streamed split
@@ -316,8 +317,8 @@ def prepare(source: str = DEFAULT_SOURCE, tokenizer: str = DEFAULT_TOKENIZER,
             if w.n < MIN_SPLIT_TOKENS:
                 raise NlqError(
                     f"the {name} split of {source!r} has {w.n} tokens ({counts[name]} "
-                    f"documents), fewer than one window of {MIN_SPLIT_TOKENS} (tiny preset "
-                    f"block_size 256 + 1): give more text or change --val-fraction "
+                    f"documents), fewer than one window of {MIN_SPLIT_TOKENS} (256 + 1 "
+                    f"target): give more text or change --val-fraction "
                     f"({val_fraction})")
         meta = {
             "source": source, "tokenizer": tokenizer, "vocab_size": int(tok.vocab_size),
