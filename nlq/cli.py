@@ -1,7 +1,8 @@
 """The `nlq` command (also `python -m nlq`). Each subcommand lives beside the code it drives
 (nlq/<package>/cli.py exposes COMMANDS = {name: (help, add_arguments, run)}).
 
-An NlqError is printed as one line `nlq: error: ...` with exit status 2; --debug shows the
+An NlqError is printed as one line `nlq: error: ...` with exit status 2, and so is an OSError
+that nothing more specific caught (a full disk, a read-only path); --debug shows the
 traceback instead.
 """
 
@@ -34,7 +35,10 @@ def build_parser() -> argparse.ArgumentParser:
             raise
         for name, (help_, add_arguments, run) in mod.COMMANDS.items():
             p = sub.add_parser(name, help=help_, description=help_)
-            p.add_argument("--debug", action="store_true", help="show tracebacks on errors")
+            # SUPPRESS: without --debug here, `nlq --debug COMMAND` keeps the top-level value
+            # (a subparser default of False would overwrite it)
+            p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                           help="show tracebacks on errors")
             add_arguments(p)
             p.set_defaults(_run=run)
     return parser
@@ -49,6 +53,14 @@ def main(argv: list[str] | None = None) -> int:
         if args.debug:
             raise
         print(f"nlq: error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:  # a full disk, a read-only or missing path that no handler named
+        if args.debug:
+            raise
+        where = f" ({e.filename})" if e.filename else ""
+        print(f"nlq: error: {e.strerror or e}{where}: free space, fix the path or its "
+              f"permissions and run the command again (--debug shows where it happened)",
+              file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("nlq: interrupted", file=sys.stderr)
