@@ -31,6 +31,8 @@ from nlq.errors import NlqError
 from nlq.train import faults
 
 FORMAT = 1
+# what resuming reads from state.json (nlq/train/loop.py)
+STATE_KEYS = ("step", "tokens", "elapsed", "metrics_bytes", "model_config", "param_groups")
 
 
 @dataclass
@@ -130,10 +132,11 @@ def save(run_dir: Path, step: int, model_sd: dict, optim_flat: dict, state: dict
         faults.hit("ckpt_rename")
         write_atomic(root / "latest", name + "\n")
         faults.hit("ckpt_latest")
-    except OSError as e:
+    except (OSError, SafetensorError) as e:  # safetensors reports ENOSPC as SafetensorError
         shutil.rmtree(tmp, ignore_errors=True)
         raise NlqError(
-            f"checkpoint write to {final} failed ({e.strerror or e}); the previous checkpoint "
+            f"checkpoint write to {final} failed ({getattr(e, 'strerror', None) or e}); the "
+            f"previous checkpoint "
             f"is kept: free space or fix permissions, then `nlq train --resume {run_dir}`"
         ) from None
     for old in sorted(root.glob("step_*"))[:-keep]:
@@ -148,6 +151,8 @@ def _verify(d: Path) -> dict:
         state = json.loads((d / "state.json").read_text())
     except (OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ValueError(f"unreadable state.json ({e})") from None
+    if not isinstance(state, dict):  # valid JSON, but no checkpoint state
+        state = {}
     for fname, digest in state.get("sha256", {}).items():
         p = d / fname
         if not p.is_file():
@@ -156,6 +161,9 @@ def _verify(d: Path) -> dict:
             raise ValueError(f"{fname} fails its sha256 (truncated or corrupted)")
     if set(state.get("sha256", {})) != {"model.safetensors", "optim.safetensors"}:
         raise ValueError("state.json lists no checksums")
+    missing = [k for k in STATE_KEYS if k not in state]
+    if missing:  # hand-edited or from another version: not a checkpoint we can resume
+        raise ValueError(f"state.json lacks {', '.join(missing)}")
     return state
 
 
@@ -175,6 +183,9 @@ def load_latest(run_dir: Path) -> Checkpoint:
     latest = root / "latest"
     if latest.is_file():
         name = latest.read_text().strip()
+        if name not in {d.name for d in dirs}:
+            print(f"nlq: warning: {latest} names {name!r}, which is not there; using the "
+                  f"newest checkpoint that verifies", file=sys.stderr)
         dirs.sort(key=lambda d: (d.name != name, -int(d.name.split("_")[1])))
     else:
         print(f"nlq: warning: {latest} is missing; using the newest checkpoint that verifies",

@@ -9,6 +9,7 @@ evaluates and saves.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import math
@@ -85,7 +86,10 @@ class RunDir:
         self._lock = None
 
     def lock(self) -> None:
-        self._lock = open(self.path / ".lock", "w")
+        try:
+            self._lock = open(self.path / ".lock", "w")
+        except OSError as e:  # a read-only dir, a file where the dir should be
+            raise NlqError(f"cannot write run dir {self.path}: {e.strerror or e}") from None
         try:
             fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -121,7 +125,10 @@ class RunDir:
     def close(self) -> None:
         for f in (self._metrics, self._tb, self._lock):
             if f is not None:
-                f.close()  # closing the lock file releases the lock
+                # on a full disk a close may fail to flush; the error that got us here is
+                # the one to report (metrics rows are flushed as they are written)
+                with contextlib.suppress(OSError):
+                    f.close()  # closing the lock file releases the lock
 
 
 def prepare_run_dir(cfg: Config, run: RunDir, resume: bool) -> Config:
@@ -163,6 +170,11 @@ def train(cfg: Config, run_dir: str | Path, resume: bool = False, progress: bool
         elif resume:
             cfg = config_from_toml((run_dir / "config.toml").read_text())
         return _train(cfg, run, resume, progress, dd, device)
+    except OSError as e:  # metrics, tb events or summary.json on a full or read-only disk
+        where = f" ({e.filename})" if e.filename else ""
+        raise NlqError(f"I/O error in run dir {run_dir}: {e.strerror or e}{where}; its "
+                       f"checkpoints are kept: free space or fix permissions, then "
+                       f"`nlq train --resume {run_dir}`") from None
     finally:
         run.close()
         D.teardown(dd)
@@ -186,6 +198,7 @@ def _train(cfg, run: RunDir, resume, progress, dd, device) -> dict:
     my_micros = micro_indices(A, dd.rank, dd.world)
     n_val = t.eval_batches * B
     val = val_windows(data.val, cfg.data.seed, n_val, T)  # (n_val, T+1)
+    data.check_ids(val, "val", "an eval window")
     n_chunks = math.ceil(n_val / (B * dd.world))
     # rank r evaluates chunks r, r+W, ...; padding windows carry no tokens (FSDP needs every
     # rank to run the same number of forwards)
@@ -229,7 +242,8 @@ def _train(cfg, run: RunDir, resume, progress, dd, device) -> dict:
             D.load_full_state(wrapped, optimizer, sd,
                               checkpoint.flat_to_optim(ck.optim, ck.state["param_groups"]))
         except (RuntimeError, KeyError, ValueError) as e:
-            raise NlqError(f"checkpoint {ck.path} does not fit this model: {e}") from None
+            why = " ".join(str(e).split())  # load_state_dict's message spans lines
+            raise NlqError(f"checkpoint {ck.path} does not fit this model: {why}") from None
         step, tokens = ck.state["step"], ck.state["tokens"]
         elapsed, metrics_offset = ck.state["elapsed"], ck.state["metrics_bytes"]
     if dd.main:
@@ -241,8 +255,11 @@ def _train(cfg, run: RunDir, resume, progress, dd, device) -> dict:
 
     def batch(micro: int, s: int, windows: torch.Tensor | None = None, key=None):
         """(inputs, targets) of one micro-batch; MLM masks are a function of the data seed."""
-        w = windows if windows is not None else train_batch(
-            data.train, cfg.data.seed, s, micro, B, A, T)  # (B, T+1)
+        if windows is None:
+            w = train_batch(data.train, cfg.data.seed, s, micro, B, A, T)  # (B, T+1)
+            data.check_ids(w, "train", f"a window of step {s + 1}")
+        else:
+            w = windows
         if obj == "clm":
             x, y = w[:, :-1], w[:, 1:].clone()  # (B, T) each
             if m.arch == "prefix":  # the bidirectional prefix carries no loss
