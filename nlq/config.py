@@ -421,6 +421,9 @@ def load_config(source: str | Path | None = None, sets: dict[str, Any] | None = 
     elif Path(source).suffix == ".toml" or Path(source).is_file():
         # is_file, not exists: a folder named like a preset (e.g. `--out tiny`) is no config
         raw = read_toml(source)
+    elif Path(source).is_dir() and not (PRESET_DIR / f"{source}.toml").is_file():
+        raise NlqError(f"config path {source} is a directory, expected a TOML file or a preset "
+                       f"name")
     else:
         raw = read_toml(preset_path(str(source)))
     raw, _ = split_arms(raw)

@@ -335,16 +335,22 @@ def prepare(source: str = DEFAULT_SOURCE, tokenizer: str = DEFAULT_TOKENIZER,
             "seed": seed, "val_fraction": val_fraction, "text_field": text_field,
         }
         commit(out, writers, tok_tmp if kind == "bpe" else None, meta)
-    except BaseException:
+    except BaseException as e:
         if pool is not None:
             pool.terminate()
             pool.join()
         for w in writers:
-            w.f.close()
+            with contextlib.suppress(OSError):  # a full disk fails the close's flush too
+                w.f.close()
             w.tmp.unlink(missing_ok=True)
         tok_tmp.unlink(missing_ok=True)
         if created and out.is_dir() and not any(out.iterdir()):
             out.rmdir()
+        if isinstance(e, OSError):  # a full disk, a read-only --out
+            where = f" ({e.filename})" if e.filename else ""
+            raise NlqError(f"nlq prepare into {out} failed: {e.strerror or e}{where}; its "
+                           f"temporary files are removed: free space or choose another --out, "
+                           f"then run it again") from None
         raise
     finally:
         _worker_tok.clear()

@@ -38,6 +38,8 @@ class TokenData:
     def open(cls, dir: str | Path) -> "TokenData":
         d = Path(dir)
         meta_path = d / "meta.json"
+        if d.exists() and not d.is_dir():
+            raise NlqError(f"data dir {d} is a file, not a folder written by `nlq prepare`")
         if not d.is_dir():
             raise NlqError(f"data dir not found: {d} (run `nlq prepare --out {d}` first)")
         if not meta_path.is_file():
@@ -50,6 +52,18 @@ class TokenData:
             dtype = np.dtype(meta["dtype"])
         except (KeyError, TypeError):
             raise NlqError(f"{meta_path} has no valid 'dtype' (uint16 or uint32)") from None
+        if dtype not in (np.uint16, np.uint32):
+            raise NlqError(f"{meta_path} says dtype {meta['dtype']!r}: token shards are uint16 "
+                           f"or uint32 (re-run `nlq prepare --out {d} --force`)")
+        vocab = meta.get("vocab_size")
+        if not isinstance(vocab, int) or isinstance(vocab, bool) or vocab < 1:
+            raise NlqError(f"{meta_path} has no valid 'vocab_size' (a positive integer), got "
+                           f"{vocab!r} (re-run `nlq prepare --out {d} --force`)")
+        if vocab > np.iinfo(dtype).max + 1:
+            # ids >= 2**16 cannot be stored as uint16: the shards would hold wrapped ids
+            raise NlqError(f"{meta_path} says vocab_size {vocab} but dtype {dtype.name}, which "
+                           f"holds ids below {np.iinfo(dtype).max + 1} only: meta.json and its "
+                           f"shards disagree (re-run `nlq prepare --out {d} --force`)")
         splits = {}
         for split in ("train", "val"):
             path = d / f"{split}.bin"
@@ -84,6 +98,19 @@ class TokenData:
                     f"{self.dir}/{split}.bin has {len(arr)} tokens, too short for one window "
                     f"of model.block_size + 1 = {block_size + 1}"
                 )
+
+
+    def check_ids(self, windows: torch.Tensor, split: str, what: str) -> None:
+        """Every id of windows (read from split.bin) must be below the data's vocab_size: a
+        bin that disagrees with its meta.json is named here, not inside the embedding. Costs
+        one max over the windows a step reads anyway."""
+        top = int(windows.max()) if windows.numel() else 0
+        if top >= self.vocab_size:
+            raise NlqError(
+                f"{self.dir / f'{split}.bin'} holds token id {top} in {what}, but its meta.json "
+                f"says vocab_size {self.vocab_size}: the shards and meta.json disagree (re-run "
+                f"`nlq prepare --out {self.dir} --force`)"
+            )
 
 
 def _starts(rng: np.random.Generator, n_tokens: int, T: int, count: int) -> np.ndarray:
