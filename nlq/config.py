@@ -124,7 +124,7 @@ class TrainConfig:
     """auto (fp32 on CPU, bf16 autocast on CUDA) | fp32 | bf16."""
     compile: bool = False
     fused_adamw: bool = True
-    """Use fused AdamW where the device supports it (CUDA)."""
+    """Use torch's fused AdamW kernel (CUDA and CPU); other devices reject it."""
     objective: str = "auto"
     """auto (clm for decoder/prefix, mlm for encoder) | clm | mlm."""
     mlm_prob: float = 0.15

@@ -1,0 +1,195 @@
+"""Training speed of every query variant, side by side in one run.
+
+For each shape (the tiny benchmark config and GPT-3-small shapes at a small batch) and each
+query variant, one optimizer step = forward + backward + AdamW on a fixed batch, fp32 on CPU
+(bf16 autocast on CUDA). Every measurement runs in its own subprocess (clean memory peak,
+no cross-talk), variants interleaved repeat by repeat so machine noise hits all of them
+alike; ratios are taken within a repeat. Also timed in each subprocess: a 1024^3 matmul
+(the peak MFU is relative to), and the data loader's time per step (nlq's batch schedule).
+
+    MFU = flops_per_token(cfg) * tokens/s / matmul peak, flops_per_token = 6N + 12 L d T
+    (nlq/model/params.py). "reference" is a plain nanoGPT-style model written below from
+    the design (fused QKV, same shapes), to check nlq's linear arm is never slower.
+
+Usage: python benchmarks/train_bench.py [--shapes tiny,gpt3-small] [--repeats 3] [--steps N]
+Writes benchmarks/results/train_bench.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+SHAPES = {
+    # the anchor config of issue 7: 4 layers, d=256, 8 heads, vocab 8192, B=8, T=256
+    "tiny": {"model.n_layer": 4, "model.d_model": 256, "model.n_head": 8,
+             "model.vocab_size": 8192, "model.block_size": 256, "model.mlp_hidden": 1024,
+             "train.micro_batch": 8},
+    # GPT-3 small shapes (PAPER.md) at a CPU-sized batch
+    "gpt3-small": {"train.micro_batch": 1, "model.block_size": 256},
+}
+VARIANTS = ["linear", "nonlinear", "identity", "residual", "reference"]
+
+
+def measure(shape: str, variant: str, steps: int) -> dict:
+    """One subprocess' measurement (run with --child)."""
+    import numpy as np
+    import torch
+    import torch.nn as nn
+    import torch.nn.functional as F
+
+    from nlq.config import load_config
+    from nlq.data.schedule import train_batch
+    from nlq.model import Transformer
+    from nlq.model.params import flops_per_token
+    from nlq.train.loop import make_optimizer
+
+    preset = "gpt3-small" if shape == "gpt3-small" else "tiny"
+    query = "linear" if variant == "reference" else variant
+    cfg = load_config(preset, {**SHAPES[shape], "model.query": query, "train.compile": False,
+                               "train.fused_adamw": True})
+    m, t = cfg.model, cfg.train
+    dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    torch.manual_seed(0)
+
+    class Ref(nn.Module):  # nanoGPT-style: fused c_attn, pre-LN, tied head, no biases
+        def __init__(self):
+            super().__init__()
+            C = m.d_model
+            self.wte, self.wpe = nn.Embedding(m.vocab_size, C), nn.Embedding(m.block_size, C)
+            self.blocks = nn.ModuleList(nn.ModuleDict(dict(
+                ln1=nn.LayerNorm(C, bias=False), attn=nn.Linear(C, 3 * C, bias=False),
+                proj=nn.Linear(C, C, bias=False), ln2=nn.LayerNorm(C, bias=False),
+                fc=nn.Linear(C, m.mlp_width, bias=False),
+                out=nn.Linear(m.mlp_width, C, bias=False))) for _ in range(m.n_layer))
+            self.ln_f = nn.LayerNorm(C, bias=False)
+
+        def forward(self, idx, targets):
+            B, T = idx.shape
+            x = self.wte(idx) + self.wpe(torch.arange(T, device=idx.device))
+            for b in self.blocks:
+                q, k, v = b.attn(b.ln1(x)).split(m.d_model, dim=2)
+                q, k, v = (z.view(B, T, m.n_head, -1).transpose(1, 2) for z in (q, k, v))
+                y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (B, nh, T, hs)
+                x = x + b.proj(y.transpose(1, 2).reshape(B, T, -1))  # (B, T, C)
+                x = x + b.out(F.gelu(b.fc(b.ln2(x))))
+            logits = F.linear(self.ln_f(x), self.wte.weight)  # (B, T, V)
+            return logits, F.cross_entropy(logits.view(B * T, -1), targets.reshape(-1))
+
+    model = (Ref() if variant == "reference" else Transformer(m)).to(dev)
+    opt = make_optimizer(model, t, dev) if variant != "reference" else torch.optim.AdamW(
+        model.parameters(), lr=t.lr, betas=(t.beta1, t.beta2), fused=True)
+    B, T = t.micro_batch, m.block_size
+    data = np.random.default_rng(0).integers(0, m.vocab_size, 2_000_000).astype(np.uint16)
+    amp = (torch.autocast("cuda", dtype=torch.bfloat16) if dev.type == "cuda"
+           else torch.autocast("cpu", enabled=False))
+    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
+
+    def step(i):
+        t0 = time.perf_counter()
+        w = train_batch(data, 1, i, 0, B, 1, T)  # (B, T+1)
+        x, y = w[:, :-1].to(dev), w[:, 1:].to(dev)
+        t_load = time.perf_counter() - t0
+        with amp:
+            _, loss = model(x, y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return t_load
+
+    for i in range(2):  # warm-up: allocator, kernels, AdamW state
+        step(i)
+    sync()
+    t0 = time.perf_counter()
+    load = sum(step(i) for i in range(2, 2 + steps))
+    sync()
+    dt = (time.perf_counter() - t0) / steps
+
+    a = torch.randn(1024, 1024, device=dev)
+    b = torch.randn(1024, 1024, device=dev)
+    for _ in range(3):
+        a @ b
+    sync()
+    t1, n_mm = time.perf_counter(), 20
+    for _ in range(n_mm):
+        a @ b
+    sync()
+    peak = 2 * 1024 ** 3 * n_mm / (time.perf_counter() - t1)
+    tok_s = B * T / dt
+    mem = (torch.cuda.max_memory_allocated() if dev.type == "cuda"
+           else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+    return {"shape": shape, "variant": variant, "tok_per_s": tok_s, "ms_per_step": 1e3 * dt,
+            "mfu": flops_per_token(m) * tok_s / peak, "matmul_gflops": peak / 1e9,
+            "loader_frac": load / steps / dt, "peak_mem_mb": mem / 2 ** 20,
+            "threads": torch.get_num_threads(), "device": str(dev)}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--shapes", default="tiny,gpt3-small")
+    ap.add_argument("--variants", default=",".join(VARIANTS))
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=None, help="timed steps (default 8 tiny, 3 gpt3)")
+    ap.add_argument("--child", nargs=3, metavar=("SHAPE", "VARIANT", "STEPS"), help=argparse.SUPPRESS)
+    ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "train_bench.json"))
+    args = ap.parse_args()
+    if args.child:
+        print(json.dumps(measure(args.child[0], args.child[1], int(args.child[2]))))
+        return 0
+    shapes, variants = args.shapes.split(","), args.variants.split(",")
+    rows = []
+    for r in range(args.repeats):
+        for shape in shapes:
+            steps = args.steps or (8 if shape == "tiny" else 3)
+            for v in variants:
+                out = subprocess.run([sys.executable, __file__, "--child", shape, v, str(steps)],
+                                     capture_output=True, text=True, check=True)
+                row = json.loads(out.stdout.strip().splitlines()[-1]) | {"repeat": r}
+                rows.append(row)
+                print(f"repeat {r} {shape:>10} {v:>9}: {row['tok_per_s']:9,.0f} tok/s "
+                      f"{row['ms_per_step']:8.1f} ms/step  MFU {row['mfu']:5.1%}  "
+                      f"(matmul {row['matmul_gflops']:.0f} GFLOP/s)", flush=True)
+    summary = {}
+    print("\nmedian over repeats; ratio = tok/s over the linear arm's in the same repeat")
+    print(f"{'shape':>10} {'variant':>9} {'tok/s':>9} {'ms/step':>8} {'MFU':>6} {'ratio':>6} "
+          f"{'loader':>7} {'mem MB':>7}")
+    for shape in shapes:
+        for v in variants:
+            mine = [x for x in rows if x["shape"] == shape and x["variant"] == v]
+            lin = {x["repeat"]: x for x in rows if x["shape"] == shape and x["variant"] == "linear"}
+            ratio = statistics.median(x["tok_per_s"] / lin[x["repeat"]]["tok_per_s"] for x in mine)
+            s = {k: statistics.median(x[k] for x in mine)
+                 for k in ("tok_per_s", "ms_per_step", "mfu", "loader_frac", "peak_mem_mb")}
+            s["ratio_vs_linear"] = ratio
+            s["ratio_range"] = [min(x["tok_per_s"] / lin[x["repeat"]]["tok_per_s"] for x in mine),
+                                max(x["tok_per_s"] / lin[x["repeat"]]["tok_per_s"] for x in mine)]
+            summary[f"{shape}/{v}"] = s
+            print(f"{shape:>10} {v:>9} {s['tok_per_s']:9,.0f} {s['ms_per_step']:8.1f} "
+                  f"{s['mfu']:6.1%} {ratio:6.3f} {s['loader_frac']:7.2%} {s['peak_mem_mb']:7.0f}")
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                            text=True, cwd=Path(__file__).parent).stdout.strip()
+    import torch
+
+    meta = {"date": datetime.datetime.now().isoformat(timespec="seconds"), "commit": commit,
+            "torch": torch.__version__, "python": platform.python_version(),
+            "machine": platform.machine(), "cpu_count": os.cpu_count(),
+            "cuda": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+            "loadavg_1min": os.getloadavg()[0], "repeats": args.repeats}
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps({"meta": meta, "summary": summary, "rows": rows},
+                                         indent=2))
+    print(f"\nwrote {args.out} ({meta['date']}, commit {commit}, load {meta['loadavg_1min']:.1f})")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
