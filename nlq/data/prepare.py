@@ -339,13 +339,16 @@ def prepare(source: str = DEFAULT_SOURCE, tokenizer: str = DEFAULT_TOKENIZER,
         if pool is not None:
             pool.terminate()
             pool.join()
-        for w in writers:
-            with contextlib.suppress(OSError):  # a full disk fails the close's flush too
-                w.f.close()
-            w.tmp.unlink(missing_ok=True)
-        tok_tmp.unlink(missing_ok=True)
-        if created and out.is_dir() and not any(out.iterdir()):
-            out.rmdir()
+        # the cleanup must not hide the error: on a full disk a close's flush fails too, on
+        # a read-only one even unlinking a missing file does
+        with contextlib.suppress(OSError):
+            for w in writers:
+                with contextlib.suppress(OSError):
+                    w.f.close()
+                w.tmp.unlink(missing_ok=True)
+            tok_tmp.unlink(missing_ok=True)
+            if created and out.is_dir() and not any(out.iterdir()):
+                out.rmdir()
         if isinstance(e, OSError):  # a full disk, a read-only --out
             where = f" ({e.filename})" if e.filename else ""
             raise NlqError(f"nlq prepare into {out} failed: {e.strerror or e}{where}; its "

@@ -460,7 +460,7 @@ def test_read_only_dir(tmp_path, data, mounts, zygote, tmp_path_factory):
     assert_user_error(p, f"cannot write run dir {ro / 'stopped'}", "Read-only file system")
     p = zygote.run("prepare", "--source", ro / "corpus", "--tokenizer", "gpt2", "--out",
                    ro / "data", "--force", "--workers", "1")
-    assert_user_error(p, str(ro / "data"), "Read-only file system")
+    assert_user_error(p, f"nlq prepare into {ro / 'data'} failed", "Read-only file system")
     p = zygote.run("train", "--resume", ro / "finished", "--no-progress")
     assert p.returncode == 0 and "already finished at step 8" in p.stderr, p.stderr
     assert snapshot(ro) == before
