@@ -1,5 +1,7 @@
 """Test tiers: the default run deselects `slow` (pyproject addopts); `gpu` tests skip
-without CUDA."""
+without CUDA. In-process tests run on one intra-op thread: the tensors are tiny, and on a
+shared 2-core machine two threads spin-wait (measured 4x slower); subprocesses get
+OMP_NUM_THREADS=1 from tests/helpers.py."""
 
 import pytest
 import torch
@@ -12,3 +14,11 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)

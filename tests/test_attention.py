@@ -17,16 +17,6 @@ from nlq.config import ModelConfig
 from nlq.model.transformer import Attention, Transformer, apply_rope, prefix_lm_mask, rope_cache
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny tensors: one intra-op thread is faster, and on shared busy cores it avoids
-    OpenMP spin-waiting (measured 4x slower with 2 threads on 2 loaded cores)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 TOL = dict(rtol=0, atol=1e-10)  # float64
 QUERIES = ["linear", "identity", "residual", "nonlinear"]
 

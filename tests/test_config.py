@@ -28,16 +28,6 @@ from nlq.config import (
 from nlq.errors import NlqError
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny tensors: one intra-op thread is faster, and on shared busy cores it avoids
-    OpenMP spin-waiting (measured 4x slower with 2 threads on 2 loaded cores)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 ROOT = Path(__file__).resolve().parents[1]
 
 

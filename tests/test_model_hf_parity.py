@@ -16,16 +16,6 @@ from nlq.model.transformer import Transformer
 
 transformers = pytest.importorskip("transformers")
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny tensors: one intra-op thread is faster, and on shared busy cores it avoids
-    OpenMP spin-waiting (measured 4x slower with 2 threads on 2 loaded cores)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 C, L, NH, V, BLOCK = 64, 2, 4, 100, 32
 
 

@@ -21,16 +21,6 @@ from nlq.model.params import count_params, mlp_width_for_pct
 from nlq.model.transformer import Transformer
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny tensors: one intra-op thread is faster, and on shared busy cores it avoids
-    OpenMP spin-waiting (measured 4x slower with 2 threads on 2 loaded cores)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 ROOT = Path(__file__).resolve().parents[1]
 
 # PAPER.md, "Parameter counts": (name, query, mlp, total, non-embedding, vs baseline %)

@@ -16,16 +16,6 @@ from nlq.errors import NlqError
 from nlq.model.transformer import Transformer
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny tensors: one intra-op thread is faster, and on shared busy cores it avoids
-    OpenMP spin-waiting (measured 4x slower with 2 threads on 2 loaded cores)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def tiny(**kw) -> ModelConfig:
     base = dict(vocab_size=100, block_size=16, n_layer=2, n_head=4, d_model=32, mlp_hidden=64)
     base.update(kw)

@@ -36,6 +36,7 @@ from nlq import __version__
 from nlq.data import sources, tokenizers
 from nlq.data.schedule import TokenData
 from nlq.errors import NlqError
+from nlq.fsutil import fsync, write_atomic
 
 DEFAULT_SOURCE = "embedded"
 DEFAULT_TOKENIZER = "bpe:8192"  # the tiny preset reads data/embedded-bpe8192
@@ -188,19 +189,6 @@ def make_pool(workers: int, spec: str, path: str | None):
 
 # ---------------------------------------------------------------- files
 
-def _fsync_dir(d: Path) -> None:
-    try:
-        fd = os.open(d, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
 class ShardWriter:
     """Appends arrays to DIR/NAME.tmp, hashing as it goes."""
 
@@ -223,14 +211,7 @@ class ShardWriter:
 
 
 def _write_json_atomic(path: Path, obj: dict) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w") as f:
-        json.dump(obj, f, indent=2)
-        f.write("\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    _fsync_dir(path.parent)
+    write_atomic(path, json.dumps(obj, indent=2) + "\n", strict=False)
 
 
 def _existing(out: Path, args: dict) -> dict | None:
@@ -395,12 +376,12 @@ def commit(out: Path, writers: list[ShardWriter], tok_tmp: Path | None, meta: di
     """Move the finished .tmp files into place. The folder stops looking complete (no
     meta.json) before any file changes, and meta.json comes last."""
     (out / "meta.json").unlink(missing_ok=True)
-    _fsync_dir(out)
+    fsync(out, strict=False)
     for w in writers:
         os.replace(w.tmp, w.path)
     if tok_tmp is not None:
         os.replace(tok_tmp, out / "tokenizer.json")
     else:
         (out / "tokenizer.json").unlink(missing_ok=True)  # from an earlier bpe:N run
-    _fsync_dir(out)
+    fsync(out, strict=False)
     _write_json_atomic(out / "meta.json", meta)

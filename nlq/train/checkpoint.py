@@ -28,6 +28,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from nlq.errors import NlqError
+from nlq.fsutil import fsync, write_atomic
 from nlq.train import faults
 
 FORMAT = 1
@@ -51,31 +52,6 @@ def sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def _fsync_file(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def write_atomic(path: Path, text: str) -> None:
-    """Replace path with text so that a reader sees the old or the new file, never a part."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    _fsync_dir(path.parent)
 
 
 def optim_to_flat(osd: dict) -> dict[str, torch.Tensor]:
@@ -116,19 +92,19 @@ def save(run_dir: Path, step: int, model_sd: dict, optim_flat: dict, state: dict
         faults.hit("ckpt_optim")
         files = {}
         for fname in ("model.safetensors", "optim.safetensors"):
-            _fsync_file(tmp / fname)
+            fsync(tmp / fname)
             files[fname] = sha256(tmp / fname)
         state = {**state, "format": FORMAT, "step": step, "sha256": files}
         with open(tmp / "state.json", "w") as f:
             json.dump(state, f, indent=2, sort_keys=True)
             f.flush()
             os.fsync(f.fileno())
-        _fsync_dir(tmp)
+        fsync(tmp)
         faults.hit("ckpt_state")
         if final.exists():  # a checkpoint of this step from a run that was then interrupted
             shutil.rmtree(final)
         os.replace(tmp, final)
-        _fsync_dir(root)
+        fsync(root)
         faults.hit("ckpt_rename")
         write_atomic(root / "latest", name + "\n")
         faults.hit("ckpt_latest")

@@ -28,6 +28,7 @@ from nlq.config import Config, config_from_toml, objective
 from nlq.data.schedule import (MLM_TRAIN, MLM_VAL, TokenData, micro_indices, mlm_corrupt,
                                train_batch, val_windows)
 from nlq.errors import NlqError
+from nlq.fsutil import write_atomic
 from nlq.model import Transformer
 from nlq.train import checkpoint, dist as D, faults
 
@@ -148,7 +149,7 @@ def prepare_run_dir(cfg: Config, run: RunDir, resume: bool) -> Config:
         if (run_dir / "ckpt").exists() or cfg_path.exists():
             raise NlqError(f"run dir {run_dir} already holds a run: continue it with "
                            f"`nlq train --resume {run_dir}` or choose another --out")
-        checkpoint.write_atomic(cfg_path, cfg.to_toml())
+        write_atomic(cfg_path, cfg.to_toml())
     except OSError as e:
         raise NlqError(f"cannot write run dir {run_dir}: {e.strerror or e}") from None
     return cfg
@@ -407,7 +408,7 @@ def _train(cfg, run: RunDir, resume, progress, dd, device) -> dict:
                "params_non_embedding": n_non_emb, "elapsed_s": elapsed,
                "tok_per_s": tokens / max(elapsed, 1e-9), "world_size": dd.world}
     if dd.main:
-        checkpoint.write_atomic(run_dir / "summary.json", json.dumps(summary, indent=2))
+        write_atomic(run_dir / "summary.json", json.dumps(summary, indent=2))
     return summary
 
 
