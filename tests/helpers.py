@@ -175,9 +175,10 @@ def shared_data(tmp_path_factory) -> Path:
     return d if (d / "meta.json").is_file() else make_data(d)
 
 
-def reference_run(tmp_path_factory, cfg: Config, nproc: int = 1) -> Path:
+def reference_run(tmp_path_factory, cfg: Config, nproc: int = 1, train=None) -> Path:
     """An uninterrupted `nlq train` subprocess of cfg (torchrun when nproc > 1), run once per
-    session and config: the thing resumed and distributed runs are compared with."""
+    session and config: the thing resumed and distributed runs are compared with. `train`
+    (config path, run dir) -> CompletedProcess replaces the default 1-process launcher."""
     key = hashlib.sha1(f"{nproc}\n{cfg.to_toml()}".encode()).hexdigest()[:12]
     base = tmp_path_factory.getbasetemp() / f"ref-{key}"
     run = base / "run"
@@ -186,11 +187,21 @@ def reference_run(tmp_path_factory, cfg: Config, nproc: int = 1) -> Path:
         if run.exists():
             shutil.rmtree(run)
         path = write_config(base / "config.toml", cfg)
-        if nproc == 1:
-            ok(nlq_train(path, run))
-        else:
+        if nproc > 1:
             ok(torchrun(nproc, "train", path, "--out", run, "--no-progress"))
+        else:
+            ok((train or nlq_train)(path, run))
     return run
+
+
+def stopped_at_6(ref: Path, dst: Path) -> Path:
+    """A copy of a finished run with checkpoints at 6 and 8 (SHORT), as if killed just after
+    its step-6 checkpoint."""
+    shutil.copytree(ref, dst)
+    (dst / "summary.json").unlink()
+    shutil.rmtree(dst / "ckpt" / "step_000008")
+    (dst / "ckpt" / "latest").write_text("step_000006\n")
+    return dst
 
 
 def wait_for(pred, timeout: float = 60.0, what: str = "condition") -> None:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -197,19 +196,9 @@ def subprocess_runner(tmp_path_factory) -> Runner:
 
 
 def reference(runner: Runner, tmp_path_factory, cfg) -> Path:
-    """An uninterrupted run of cfg, once per session; the same place and key as
-    helpers.reference_run, so either one reuses the other's run."""
-    import hashlib
+    """An uninterrupted run of cfg through `runner`, once per session (helpers.reference_run:
+    either one reuses the other's run)."""
+    from helpers import reference_run
 
-    from helpers import ok, write_config
-
-    key = hashlib.sha1(f"1\n{cfg.to_toml()}".encode()).hexdigest()[:12]
-    base = tmp_path_factory.getbasetemp() / f"ref-{key}"
-    run = base / "run"
-    if not (run / "summary.json").is_file():
-        base.mkdir(exist_ok=True)
-        if run.exists():
-            shutil.rmtree(run)
-        ok(runner.run("train", write_config(base / "config.toml", cfg), "--out", run,
-                      "--no-progress"))
-    return run
+    return reference_run(tmp_path_factory, cfg, train=lambda path, run: runner.run(
+        "train", path, "--out", run, "--no-progress"))

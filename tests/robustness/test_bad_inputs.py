@@ -34,6 +34,7 @@ from helpers import (
     assert_user_error,
     make_data,
     snapshot,
+    stopped_at_6,
     tiny_config,
     write_config,
 )
@@ -96,15 +97,6 @@ def edit_meta(d: Path, **changes) -> Path:
             meta[k] = v
     (d / "meta.json").write_text(json.dumps(meta))
     return d
-
-
-def stopped_at_6(ref: Path, dst: Path) -> Path:
-    """A copy of a finished SHORT run as if killed just after its step-6 checkpoint."""
-    shutil.copytree(ref, dst)
-    (dst / "summary.json").unlink()
-    shutil.rmtree(dst / "ckpt" / "step_000008")
-    (dst / "ckpt" / "latest").write_text("step_000006\n")
-    return dst
 
 
 def build_cases(tmp: Path, data: Path, ref: Path, nl: Path) -> dict[str, Case]:

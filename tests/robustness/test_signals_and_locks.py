@@ -41,6 +41,7 @@ from helpers import (
     n_rows,
     ok,
     snapshot,
+    stopped_at_6,
     tiny_config,
     untimed,
     wait_for,
@@ -88,14 +89,6 @@ def assert_stopped_at(run: Path, k: int, sig: int, err: str) -> None:
     assert json.loads((final_ckpt(run) / "state.json").read_text())["step"] == k
     assert metrics(run, "train")[-1]["step"] == k
     assert not (run / "summary.json").exists()
-
-
-def stopped_at_6(ref: Path, dst: Path) -> Path:
-    shutil.copytree(ref, dst)
-    (dst / "summary.json").unlink()
-    shutil.rmtree(dst / "ckpt" / "step_000008")
-    (dst / "ckpt" / "latest").write_text("step_000006\n")
-    return dst
 
 
 def cli(*args) -> tuple[int, str, str]:
