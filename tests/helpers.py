@@ -212,6 +212,17 @@ def wait_for(pred, timeout: float = 60.0, what: str = "condition") -> None:
         time.sleep(0.01)
 
 
+def interrupted_step(returncode: int, out: str, err: str, sig) -> int:
+    """The step a run stopped at after `sig`: exit 0, an "interrupted" summary on stdout's last
+    line, and the stop named on stderr."""
+    assert returncode == 0, err
+    result = json.loads(out.strip().splitlines()[-1])
+    assert result["status"] == "interrupted", "the run ended before the signal"
+    k = result["step"]
+    assert f"stopped by signal {int(sig)} at step {k}" in err
+    return k
+
+
 def n_rows(run_dir: Path, kind: str) -> int:
     try:
         text = (run_dir / "metrics.jsonl").read_text()

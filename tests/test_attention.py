@@ -16,7 +16,6 @@ import torch
 from nlq.config import ModelConfig
 from nlq.model.transformer import Attention, Transformer, apply_rope, prefix_lm_mask, rope_cache
 
-
 TOL = dict(rtol=0, atol=1e-10)  # float64
 QUERIES = ["linear", "identity", "residual", "nonlinear"]
 

@@ -13,7 +13,6 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 
 from nlq.cli import main
 from nlq.config import (
@@ -26,7 +25,6 @@ from nlq.config import (
     parse_sets,
 )
 from nlq.errors import NlqError
-
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -19,7 +19,6 @@ import torch
 from nlq.config import ModelConfig
 from nlq.model.transformer import Transformer
 
-
 TOL = dict(rtol=0, atol=1e-9)  # float64
 
 

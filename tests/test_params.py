@@ -20,7 +20,6 @@ from nlq.experiments.arms import preset_arms, resolve_arm
 from nlq.model.params import count_params, mlp_width_for_pct
 from nlq.model.transformer import Transformer
 
-
 ROOT = Path(__file__).resolve().parents[1]
 
 # PAPER.md, "Parameter counts": (name, query, mlp, total, non-embedding, vs baseline %)

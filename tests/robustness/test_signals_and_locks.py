@@ -37,6 +37,7 @@ from helpers import (
     assert_same_final,
     assert_user_error,
     final_ckpt,
+    interrupted_step,
     metrics,
     n_rows,
     ok,
@@ -111,10 +112,7 @@ def test_signal_from_outside_stops_at_a_step_boundary(sig, long, tmp_path, zygot
     wait_for(lambda: n_rows(run, "train") >= 5 or proc.poll() is not None, what="5 steps")
     proc.send_signal(sig)
     p = proc.wait()
-    assert p.returncode == 0, p.stderr
-    result = json.loads(p.stdout.strip().splitlines()[-1])
-    assert result["status"] == "interrupted", "the run ended before the signal"
-    k = result["step"]
+    k = interrupted_step(p.returncode, p.stdout, p.stderr, sig)
     assert 5 <= k < cfg.train.max_steps
     assert_stopped_at(run, k, sig, p.stderr)
     print(f"\n{sig.name}: stopped at step {k}, exit 0; resumed to step {cfg.train.max_steps}")
