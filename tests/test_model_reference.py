@@ -249,13 +249,21 @@ def test_loss_is_mean_cross_entropy_of_logits_ignoring_minus_one():
     tgt = IDX.clone()
     tgt[0, :3] = -1
     with torch.no_grad():
-        logits, loss = model(IDX, tgt)
+        logits, _ = model(IDX)
+        no_logits, loss = model(IDX, tgt)  # the chunked loss (nlq/model/loss.py)
         _, summed = model(IDX, tgt, reduction="sum")
+        plain_logits, plain = model(IDX, tgt, return_logits=True)  # logits + F.cross_entropy
+        _, per_token = model(IDX, tgt, reduction="none")
+    assert no_logits is None
+    torch.testing.assert_close(plain_logits, logits, rtol=0, atol=0)
     lp = torch.log_softmax(logits.double(), -1)
     keep = tgt >= 0
     nll = -lp[keep].gather(-1, tgt[keep][:, None]).squeeze(-1)
     torch.testing.assert_close(loss.double(), nll.mean(), rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(plain.double(), nll.mean(), rtol=1e-6, atol=1e-6)
     torch.testing.assert_close(summed.double(), nll.sum(), rtol=1e-6, atol=1e-6)
+    assert per_token.shape == tgt.shape and bool((per_token[~keep] == 0).all())
+    torch.testing.assert_close(per_token[keep].double(), nll, rtol=1e-6, atol=1e-6)
 
 
 def test_sequence_longer_than_block_size_is_an_error():

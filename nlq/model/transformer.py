@@ -18,6 +18,7 @@ from safetensors.torch import load_file, save_file
 
 from nlq.config import ModelConfig, _build_section, validate, Config
 from nlq.errors import NlqError
+from nlq.model.loss import linear_cross_entropy
 from nlq.model.query import RMSNorm, make_query
 
 
@@ -146,10 +147,14 @@ class Transformer(nn.Module):
                 if getattr(mod, "bias", None) is not None:
                     nn.init.zeros_(mod.bias)
 
-    def forward(self, idx, targets=None, attn_mask=None, prefix_len=None, reduction="mean"):
+    def forward(self, idx, targets=None, attn_mask=None, prefix_len=None, reduction="mean",
+                return_logits=None):
         """idx: (B, T) token ids. targets: (B, T), -1 = no loss. attn_mask: bool, broadcastable
         to (B, nh, T, T), True = may attend; it replaces the arch's default mask. prefix_len:
-        int or (B,) for the prefix-LM. Returns (logits (B, T, V), loss or None)."""
+        int or (B,) for the prefix-LM. reduction: "mean", "sum" or "none" (per token, (B, T)).
+        Returns (logits (B, T, V) or None, loss or None). Logits are returned when there are
+        no targets or return_logits=True; otherwise the loss comes from the hidden states
+        chunk by chunk (nlq/model/loss.py) and the (B, T, V) logits are never formed."""
         B, T = idx.shape
         if T > self.cfg.block_size:
             raise ValueError(f"sequence length {T} exceeds block_size {self.cfg.block_size}")
@@ -166,13 +171,23 @@ class Transformer(nn.Module):
         rope = (self.rope_cos, self.rope_sin) if self.cfg.pos_emb == "rope" else None
         for block in self.blocks:
             x = block(x, mask, is_causal, rope)
-        logits = self.lm_head(self.ln_f(x))  # (B, T, V)
+        x = self.ln_f(x)
+        if targets is not None and not return_logits and reduction != "none":
+            loss = linear_cross_entropy(
+                x.view(B * T, -1), self.lm_head.weight, targets.reshape(B * T),  # (B*T, C), (B*T,)
+                reduction=reduction, ignore_index=-1,
+            )
+            return None, loss
+        logits = self.lm_head(x)  # (B, T, V)
         loss = None
         if targets is not None:
+            wide = torch.promote_types(logits.dtype, torch.float32)  # bf16 logits -> fp32
             loss = F.cross_entropy(
-                logits.float().view(B * T, -1), targets.reshape(B * T),  # (B*T, V), (B*T,)
+                logits.to(wide).view(B * T, -1), targets.reshape(B * T),  # (B*T, V), (B*T,)
                 ignore_index=-1, reduction=reduction,
             )
+            if reduction == "none":
+                loss = loss.view(B, T)  # (B, T)
         return logits, loss
 
     # -- parameter counts ------------------------------------------------------------

@@ -30,7 +30,7 @@ from nlq.data.schedule import (MLM_TRAIN, MLM_VAL, TokenData, micro_indices, mlm
 from nlq.errors import NlqError
 from nlq.fsutil import write_atomic
 from nlq.model import Transformer
-from nlq.train import checkpoint, dist as D, faults
+from nlq.train import alloc, checkpoint, dist as D, faults
 
 
 class Diverged(NlqError):
@@ -210,6 +210,8 @@ def _train(cfg, run: RunDir, resume, progress, dd, device) -> dict:
     val_valid = val_valid.view(n_chunks * dd.world, B)[dd.rank::dd.world]  # (n_chunks, B)
 
     # -- model and optimizer ----------------------------------------------------------------
+    if device.type == "cpu":
+        alloc.keep_freed_memory()  # no page faults on per-step buffers (nlq/train/alloc.py)
     torch.manual_seed(t.seed)
     model = Transformer(m).to(device)
     n_total, n_non_emb = model.num_params(), model.num_params(non_embedding=True)

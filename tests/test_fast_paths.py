@@ -1,0 +1,165 @@
+"""The CPU fast paths of issue 7 against the plain computations they replace.
+
+- nlq/model/loss.py: the chunked output-projection + cross-entropy vs F.cross_entropy on
+  materialised logits (values and gradients, float64, several chunkings, ignored rows, bf16
+  autocast, a whole model's training step with tied embeddings);
+- RMSNorm's hand-written CPU backward vs F.rms_norm and gradcheck;
+- nlq/train/alloc.py: the allocator tuning is applied and changes no result.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import nlq.model.loss as L
+from nlq.config import ModelConfig
+from nlq.model.query import RMSNorm, _RMSNormCPU
+from nlq.model.transformer import Transformer
+
+
+def plain_ce(h, w, y, reduction):
+    return F.cross_entropy((h @ w.t()).to(torch.promote_types(h.dtype, torch.float32)), y,
+                           ignore_index=-1, reduction=reduction)
+
+
+def grads(loss, *xs):
+    return torch.autograd.grad(loss, xs, retain_graph=True)
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+@pytest.mark.parametrize("rows", [1, 7, 64, 1000])  # one row, uneven, even, one chunk
+def test_chunked_loss_matches_cross_entropy_float64(monkeypatch, reduction, rows):
+    monkeypatch.setattr(L, "chunk_rows", lambda n, v, d: rows)
+    g = torch.Generator().manual_seed(0)
+    N, C, V = 130, 24, 97
+    h = torch.randn(N, C, dtype=torch.float64, generator=g, requires_grad=True)
+    w = torch.randn(V, C, dtype=torch.float64, generator=g, requires_grad=True)
+    y = torch.randint(0, V, (N,), generator=g)
+    y[::5] = -1  # ignored rows carry no loss and no gradient
+    got = L.linear_cross_entropy(h, w, y, reduction)
+    want = plain_ce(h, w, y, reduction)
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+    for a, b in zip(grads(got * 1.7, h, w), grads(want * 1.7, h, w)):  # g != 1 reaches both
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+    assert grads(got, h)[0][::5].abs().max() == 0
+
+
+def test_chunked_loss_with_every_row_ignored_is_nan_mean_and_zero_sum():
+    h = torch.randn(4, 8, requires_grad=True)
+    w = torch.randn(11, 8)
+    y = torch.full((4,), -1)
+    assert torch.isnan(L.linear_cross_entropy(h, w, y, "mean"))
+    assert torch.isnan(plain_ce(h, w, y, "mean"))
+    s = L.linear_cross_entropy(h, w, y, "sum")
+    assert s.item() == 0.0 and grads(s, h)[0].abs().max() == 0
+
+
+def test_chunked_loss_rejects_other_reductions():
+    with pytest.raises(ValueError, match="reduction"):
+        L.linear_cross_entropy(torch.zeros(2, 3), torch.zeros(4, 3), torch.zeros(2, dtype=torch.long),
+                               "none")
+
+
+def test_chunk_rows_budget_and_floor():
+    cpu = torch.device("cpu")
+    assert L.chunk_rows(2048, 8192, cpu) == L.CHUNK_ELEMENTS["cpu"] // 8192
+    assert L.chunk_rows(4096, 50304, cpu) == L.MIN_CHUNK_ROWS  # the floor beats the budget
+    assert L.chunk_rows(100, 50304, cpu) == 100  # never more rows than there are
+    assert L.chunk_rows(10**6, 1 << 30, torch.device("meta")) == L.MIN_CHUNK_ROWS
+
+
+def test_chunked_loss_under_bf16_autocast_matches_the_plain_autocast_path():
+    torch.manual_seed(0)
+    h = torch.randn(300, 32, requires_grad=True)
+    w = (0.3 * torch.randn(50, 32)).requires_grad_()
+    y = torch.randint(0, 50, (300,))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got = L.linear_cross_entropy(h, w, y)
+        want = F.cross_entropy((h @ w.t()).float(), y)  # bf16 matmul, fp32 softmax
+    assert got.dtype == torch.float32
+    torch.testing.assert_close(got, want, rtol=1e-3, atol=1e-3)
+    gh, gw = grads(got, h, w)
+    assert gh.dtype == h.dtype and gw.dtype == w.dtype
+    for a, b in zip((gh, gw), grads(want, h, w)):
+        torch.testing.assert_close(a, b, rtol=2e-2, atol=2e-3)
+
+
+@pytest.mark.parametrize("tied", [True, False])
+@pytest.mark.parametrize("arch", ["decoder", "encoder"])
+def test_model_gradients_equal_with_and_without_logits(tied, arch):
+    """A training step's gradients through the chunked loss == through logits + F.cross_entropy
+    (tied: the head's gradient adds into the embedding's)."""
+    cfg = ModelConfig(vocab_size=61, block_size=16, n_layer=2, n_head=2, d_model=16,
+                      mlp_hidden=32, query="nonlinear", tie_embeddings=tied, arch=arch)
+    torch.manual_seed(0)
+    model = Transformer(cfg).double()
+    idx = torch.randint(0, 61, (3, 16))
+    tgt = torch.randint(0, 61, (3, 16))
+    tgt[:, ::3] = -1
+    out = {}
+    for rl in (False, True):
+        model.zero_grad(set_to_none=True)
+        logits, loss = model(idx, tgt, return_logits=rl)
+        assert (logits is None) != rl
+        loss.backward()
+        out[rl] = (loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()})
+    torch.testing.assert_close(out[False][0], out[True][0], rtol=1e-12, atol=1e-12)
+    for n, g in out[True][1].items():
+        torch.testing.assert_close(out[False][1][n], g, rtol=1e-9, atol=1e-12, msg=n)
+
+
+# -- RMSNorm ----------------------------------------------------------------------------
+
+
+def test_rmsnorm_cpu_backward_passes_gradcheck():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(3, 5, 8, dtype=torch.float64, generator=g, requires_grad=True)
+    w = torch.randn(8, dtype=torch.float64, generator=g, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda a, b: _RMSNormCPU.apply(a, b, 1e-5), (x, w))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_rmsnorm_cpu_path_matches_f_rms_norm(dtype):
+    torch.manual_seed(0)
+    norm = RMSNorm(64, eps=1e-5).to(dtype)
+    with torch.no_grad():
+        norm.weight.copy_(1 + 0.3 * torch.randn(64))
+    x = (3 * torch.randn(4, 10, 64, dtype=dtype)).requires_grad_()
+    up = torch.randn(4, 10, 64, dtype=dtype)
+    got = norm(x)
+    want = F.rms_norm(x, (64,), norm.weight, 1e-5)
+    assert got.grad_fn.name().startswith("_RMSNormCPU")  # the fast path did run
+    tol = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(got, want, **tol)
+    for a, b in zip(grads((got * up).sum(), x, norm.weight), grads((want * up).sum(), x, norm.weight)):
+        torch.testing.assert_close(a, b, **tol)
+
+
+# -- allocator tuning -------------------------------------------------------------------
+
+
+def test_allocator_tuning_applies_on_glibc_and_changes_no_result():
+    """Same model, same step before and after mallopt: bitwise equal (it moves memory only)."""
+    from nlq.train import alloc
+
+    cfg = ModelConfig(vocab_size=50, block_size=8, n_layer=1, n_head=2, d_model=16, mlp_hidden=32)
+
+    def step():
+        torch.manual_seed(0)
+        m = Transformer(cfg)
+        _, loss = m(torch.arange(8)[None] % 50, torch.arange(1, 9)[None] % 50)
+        loss.backward()
+        return loss.detach(), m.wte.weight.grad
+
+    before = step()
+    applied = alloc.keep_freed_memory()
+    after = step()
+    assert alloc.keep_freed_memory() == applied  # idempotent
+    import platform
+
+    if platform.system() == "Linux" and platform.libc_ver()[0] == "glibc":
+        assert applied
+    assert torch.equal(before[0], after[0]) and torch.equal(before[1], after[1])
+
