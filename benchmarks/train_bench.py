@@ -1,18 +1,33 @@
 """Training speed of every query variant, side by side in one run.
 
-For each shape (the tiny benchmark config and GPT-3-small shapes at a small batch) and each
-query variant, one optimizer step = forward + backward + AdamW on a fixed batch, fp32 on CPU
-(bf16 autocast on CUDA). Every measurement runs in its own subprocess (clean memory peak,
-no cross-talk), variants interleaved repeat by repeat so machine noise hits all of them
-alike; ratios are taken within a repeat. Also timed in each subprocess: a 1024^3 matmul
-(the peak MFU is relative to), and the data loader's time per step (nlq's batch schedule).
+For each shape and each variant, one optimizer step = forward + backward + AdamW on a fixed
+batch, fp32 on CPU (bf16 autocast on CUDA). Every measurement runs in its own subprocess
+(clean memory peak, no cross-talk), variants interleaved repeat by repeat so machine noise
+hits all of them alike; ratios are taken within a repeat. Also timed in each subprocess: a
+1024^3 matmul (the peak MFU is relative to), and the data loader's time per step (nlq's
+batch schedule).
 
     MFU = flops_per_token(cfg) * tokens/s / matmul peak, flops_per_token = 6N + 12 L d T
-    (nlq/model/params.py). "reference" is a plain nanoGPT-style model written below from
-    the design (fused QKV, same shapes), to check nlq's linear arm is never slower.
+    (nlq/model/params.py).
 
-Usage: python benchmarks/train_bench.py [--shapes tiny,gpt3-small] [--repeats 3] [--steps N]
-Writes benchmarks/results/train_bench.json.
+Shapes: "tiny" is issue 7's anchor (4 layers, d=256, 8 heads, V=8192, B=8, T=256); "preset"
+is nlq's own tiny preset, the model of the README's main command (4 layers, d=128, T=128,
+B=8); "gpt3-small" is PAPER.md's GPT-3 small at a CPU-sized batch (B=1, T=256).
+
+Variants: a query (linear, nonlinear, identity, residual) or "reference", a plain
+nanoGPT-style model written below from the design (fused QKV, logits + F.cross_entropy), to
+check nlq's linear arm is never slower. Modifiers after "+" change how a variant runs:
+  +logits   the loss from materialised (N, V) logits + F.cross_entropy (nlq's path before
+            issue 7) instead of nlq/model/loss.py's chunked loss;
+  +glibc    glibc's default malloc thresholds instead of nlq/train/alloc.py's;
+  +compile  train.compile = true (torch.compile of every block).
+Every variant runs as `nlq train` would (the allocator tuning applies to the reference too,
+so that comparison is about the model code); "linear+logits+glibc" is nlq's linear arm as it
+ran before issue 7.
+
+Usage: python benchmarks/train_bench.py [--shapes tiny,preset,gpt3-small] [--variants ...]
+       [--repeats 5] [--steps N] [--out FILE]
+Writes benchmarks/results/train_bench.json (hardware, torch, date, commit, every row).
 """
 
 from __future__ import annotations
@@ -30,14 +45,29 @@ import time
 from pathlib import Path
 
 SHAPES = {
-    # the anchor config of issue 7: 4 layers, d=256, 8 heads, vocab 8192, B=8, T=256
-    "tiny": {"model.n_layer": 4, "model.d_model": 256, "model.n_head": 8,
-             "model.vocab_size": 8192, "model.block_size": 256, "model.mlp_hidden": 1024,
-             "train.micro_batch": 8},
+    # issue 7's anchor config: 4 layers, d=256, 8 heads, vocab 8192, B=8, T=256
+    "tiny": ("tiny", {"model.n_layer": 4, "model.d_model": 256, "model.n_head": 8,
+                      "model.vocab_size": 8192, "model.block_size": 256,
+                      "model.mlp_hidden": 1024, "train.micro_batch": 8}),
+    # nlq's tiny preset as the README's main command trains it (one micro-batch of 8 x 128)
+    "preset": ("tiny", {}),
     # GPT-3 small shapes (PAPER.md) at a CPU-sized batch
-    "gpt3-small": {"train.micro_batch": 1, "model.block_size": 256},
+    "gpt3-small": ("gpt3-small", {"train.micro_batch": 1, "model.block_size": 256}),
 }
-VARIANTS = ["linear", "nonlinear", "identity", "residual", "reference"]
+STEPS = {"tiny": 10, "preset": 30, "gpt3-small": 3}
+VARIANTS = ["linear", "nonlinear", "identity", "residual", "reference", "linear+logits+glibc"]
+MODIFIERS = {"logits", "glibc", "compile"}
+
+
+def parse_variant(v: str) -> tuple[str, set[str]]:
+    base, *mods = v.split("+")
+    bad = [x for x in mods if x not in MODIFIERS]
+    if base not in ("linear", "nonlinear", "identity", "residual", "reference") or bad:
+        raise SystemExit(f"train_bench: unknown variant {v!r} (a query or 'reference', then "
+                         f"+{'/+'.join(sorted(MODIFIERS))})")
+    if base == "reference" and mods:
+        raise SystemExit(f"train_bench: the reference takes no modifiers ({v!r})")
+    return base, set(mods)
 
 
 def measure(shape: str, variant: str, steps: int) -> dict:
@@ -51,12 +81,16 @@ def measure(shape: str, variant: str, steps: int) -> dict:
     from nlq.data.schedule import train_batch
     from nlq.model import Transformer
     from nlq.model.params import flops_per_token
+    from nlq.train import alloc
     from nlq.train.loop import make_optimizer
 
-    preset = "gpt3-small" if shape == "gpt3-small" else "tiny"
-    query = "linear" if variant == "reference" else variant
-    cfg = load_config(preset, {**SHAPES[shape], "model.query": query, "train.compile": False,
-                               "train.fused_adamw": True})
+    base, mods = parse_variant(variant)
+    if "glibc" not in mods:
+        alloc.keep_freed_memory()  # as `nlq train` does on CPU
+    preset, over = SHAPES[shape]
+    query = "linear" if base == "reference" else base
+    cfg = load_config(preset, {**over, "model.query": query, "train.fused_adamw": True,
+                               "train.compile": "compile" in mods})
     m, t = cfg.model, cfg.train
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     torch.manual_seed(0)
@@ -85,9 +119,13 @@ def measure(shape: str, variant: str, steps: int) -> dict:
             logits = F.linear(self.ln_f(x), self.wte.weight)  # (B, T, V)
             return logits, F.cross_entropy(logits.view(B * T, -1), targets.reshape(-1))
 
-    model = (Ref() if variant == "reference" else Transformer(m)).to(dev)
-    opt = make_optimizer(model, t, dev) if variant != "reference" else torch.optim.AdamW(
+    model = (Ref() if base == "reference" else Transformer(m)).to(dev)
+    if t.compile:
+        for block in model.blocks:  # as nlq/train/loop.py does
+            block.compile()
+    opt = make_optimizer(model, t, dev) if base != "reference" else torch.optim.AdamW(
         model.parameters(), lr=t.lr, betas=(t.beta1, t.beta2), fused=True)
+    kw = {"return_logits": True} if "logits" in mods else {}
     B, T = t.micro_batch, m.block_size
     data = np.random.default_rng(0).integers(0, m.vocab_size, 2_000_000).astype(np.uint16)
     amp = (torch.autocast("cuda", dtype=torch.bfloat16) if dev.type == "cuda"
@@ -100,13 +138,13 @@ def measure(shape: str, variant: str, steps: int) -> dict:
         x, y = w[:, :-1].to(dev), w[:, 1:].to(dev)
         t_load = time.perf_counter() - t0
         with amp:
-            _, loss = model(x, y)
+            _, loss = model(x, y, **kw)
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
         return t_load
 
-    for i in range(2):  # warm-up: allocator, kernels, AdamW state
+    for i in range(3 if t.compile else 2):  # warm-up: allocator, kernels, AdamW state, compile
         step(i)
     sync()
     t0 = time.perf_counter()
@@ -133,12 +171,24 @@ def measure(shape: str, variant: str, steps: int) -> dict:
             "threads": torch.get_num_threads(), "device": str(dev)}
 
 
+def cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("--shapes", default="tiny,gpt3-small")
+    ap.add_argument("--shapes", default=",".join(SHAPES))
     ap.add_argument("--variants", default=",".join(VARIANTS))
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--steps", type=int, default=None, help="timed steps (default 8 tiny, 3 gpt3)")
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--steps", type=int, default=None,
+                    help="timed steps per measurement (default " +
+                         ", ".join(f"{k} {v}" for k, v in STEPS.items()) + ")")
     ap.add_argument("--child", nargs=3, metavar=("SHAPE", "VARIANT", "STEPS"), help=argparse.SUPPRESS)
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "train_bench.json"))
     args = ap.parse_args()
@@ -146,48 +196,68 @@ def main() -> int:
         print(json.dumps(measure(args.child[0], args.child[1], int(args.child[2]))))
         return 0
     shapes, variants = args.shapes.split(","), args.variants.split(",")
+    for sh in shapes:
+        if sh not in SHAPES:
+            raise SystemExit(f"train_bench: unknown shape {sh!r} (one of {', '.join(SHAPES)})")
+    for v in variants:
+        parse_variant(v)
+    if "linear" not in variants:
+        raise SystemExit("train_bench: --variants must include linear (ratios are against it)")
+    if args.repeats < 1 or (args.steps is not None and args.steps < 1):
+        raise SystemExit("train_bench: --repeats and --steps must be >= 1")
     rows = []
     for r in range(args.repeats):
         for shape in shapes:
-            steps = args.steps or (8 if shape == "tiny" else 3)
+            steps = args.steps or STEPS[shape]
             for v in variants:
                 out = subprocess.run([sys.executable, __file__, "--child", shape, v, str(steps)],
-                                     capture_output=True, text=True, check=True)
+                                     capture_output=True, text=True)
+                if out.returncode != 0:
+                    sys.stderr.write(out.stderr)
+                    raise SystemExit(f"train_bench: {shape}/{v} failed (exit {out.returncode})")
                 row = json.loads(out.stdout.strip().splitlines()[-1]) | {"repeat": r}
                 rows.append(row)
-                print(f"repeat {r} {shape:>10} {v:>9}: {row['tok_per_s']:9,.0f} tok/s "
+                print(f"repeat {r} {shape:>10} {v:>20}: {row['tok_per_s']:9,.0f} tok/s "
                       f"{row['ms_per_step']:8.1f} ms/step  MFU {row['mfu']:5.1%}  "
                       f"(matmul {row['matmul_gflops']:.0f} GFLOP/s)", flush=True)
     summary = {}
-    print("\nmedian over repeats; ratio = tok/s over the linear arm's in the same repeat")
-    print(f"{'shape':>10} {'variant':>9} {'tok/s':>9} {'ms/step':>8} {'MFU':>6} {'ratio':>6} "
-          f"{'loader':>7} {'mem MB':>7}")
+    print("\nmedian over repeats; ratio = tok/s over the linear arm's in the same repeat "
+          "(median, and the lowest and highest repeat)")
+    print(f"{'shape':>10} {'variant':>20} {'tok/s':>9} {'ms/step':>8} {'MFU':>6} {'ratio':>6} "
+          f"{'range':>13} {'loader':>7} {'mem MB':>7}")
     for shape in shapes:
+        lin = {x["repeat"]: x for x in rows if x["shape"] == shape and x["variant"] == "linear"}
         for v in variants:
             mine = [x for x in rows if x["shape"] == shape and x["variant"] == v]
-            lin = {x["repeat"]: x for x in rows if x["shape"] == shape and x["variant"] == "linear"}
-            ratio = statistics.median(x["tok_per_s"] / lin[x["repeat"]]["tok_per_s"] for x in mine)
+            ratios = [x["tok_per_s"] / lin[x["repeat"]]["tok_per_s"] for x in mine]
             s = {k: statistics.median(x[k] for x in mine)
                  for k in ("tok_per_s", "ms_per_step", "mfu", "loader_frac", "peak_mem_mb")}
-            s["ratio_vs_linear"] = ratio
-            s["ratio_range"] = [min(x["tok_per_s"] / lin[x["repeat"]]["tok_per_s"] for x in mine),
-                                max(x["tok_per_s"] / lin[x["repeat"]]["tok_per_s"] for x in mine)]
+            s["ratio_vs_linear"] = statistics.median(ratios)
+            s["ratio_range"] = [min(ratios), max(ratios)]
             summary[f"{shape}/{v}"] = s
-            print(f"{shape:>10} {v:>9} {s['tok_per_s']:9,.0f} {s['ms_per_step']:8.1f} "
-                  f"{s['mfu']:6.1%} {ratio:6.3f} {s['loader_frac']:7.2%} {s['peak_mem_mb']:7.0f}")
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                            text=True, cwd=Path(__file__).parent).stdout.strip()
+            print(f"{shape:>10} {v:>20} {s['tok_per_s']:9,.0f} {s['ms_per_step']:8.1f} "
+                  f"{s['mfu']:6.1%} {s['ratio_vs_linear']:6.3f} "
+                  f"{min(ratios):6.3f}-{max(ratios):.3f} {s['loader_frac']:7.2%} "
+                  f"{s['peak_mem_mb']:7.0f}")
+    git = lambda *a: subprocess.run(["git", *a], capture_output=True, text=True,  # noqa: E731
+                                    cwd=Path(__file__).parent).stdout.strip()
     import torch
 
-    meta = {"date": datetime.datetime.now().isoformat(timespec="seconds"), "commit": commit,
+    meta = {"date": datetime.datetime.now().isoformat(timespec="seconds"),
+            "commit": git("rev-parse", "--short", "HEAD"),
+            "dirty": bool(git("status", "--porcelain", "--untracked-files=no")),
             "torch": torch.__version__, "python": platform.python_version(),
-            "machine": platform.machine(), "cpu_count": os.cpu_count(),
+            "cpu": cpu_name(), "machine": platform.machine(), "cpu_count": os.cpu_count(),
+            "threads": rows[0]["threads"],
             "cuda": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
-            "loadavg_1min": os.getloadavg()[0], "repeats": args.repeats}
+            "loadavg_1min": os.getloadavg()[0], "repeats": args.repeats,
+            "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]])}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps({"meta": meta, "summary": summary, "rows": rows},
                                          indent=2))
-    print(f"\nwrote {args.out} ({meta['date']}, commit {commit}, load {meta['loadavg_1min']:.1f})")
+    print(f"\nwrote {args.out} ({meta['date']}, commit {meta['commit']}"
+          f"{' + uncommitted changes' if meta['dirty'] else ''}, {meta['cpu']}, "
+          f"load {meta['loadavg_1min']:.1f})")
     return 0
 
 
