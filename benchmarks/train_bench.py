@@ -12,7 +12,10 @@ batch schedule).
 
 Shapes: "tiny" is issue 7's anchor (4 layers, d=256, 8 heads, V=8192, B=8, T=256); "preset"
 is nlq's own tiny preset, the model of the README's main command (4 layers, d=128, T=128,
-B=8); "gpt3-small" is PAPER.md's GPT-3 small at a CPU-sized batch (B=1, T=256).
+B=8); "gpt3-small" is PAPER.md's GPT-3 small at a CPU-sized batch (B=1, T=256). Not in the
+default list: "gpt3-small-gpu", GPT-3 small at the paper's micro-batch (12 x 1024), for a GPU
+(on CUDA the step runs under bf16 autocast and MFU is against a bf16 8192^3 matmul; use
++compile for torch.compile, AdamW is fused and SDPA picks its flash kernel).
 
 Variants: a query (linear, nonlinear, identity, residual) or "reference", a plain
 nanoGPT-style model written below from the design (fused QKV, logits + F.cross_entropy), to
@@ -53,8 +56,11 @@ SHAPES = {
     "preset": ("tiny", {}),
     # GPT-3 small shapes (PAPER.md) at a CPU-sized batch
     "gpt3-small": ("gpt3-small", {"train.micro_batch": 1, "model.block_size": 256}),
+    # GPT-3 small as the paper trains it, one micro-batch of 12 x 1024 (for a GPU)
+    "gpt3-small-gpu": ("gpt3-small", {}),
 }
-STEPS = {"tiny": 10, "preset": 30, "gpt3-small": 3}
+STEPS = {"tiny": 10, "preset": 30, "gpt3-small": 5, "gpt3-small-gpu": 20}
+CPU_SHAPES = "tiny,preset,gpt3-small"
 VARIANTS = ["linear", "nonlinear", "identity", "residual", "reference", "linear+logits+glibc"]
 MODIFIERS = {"logits", "glibc", "compile"}
 
@@ -152,8 +158,11 @@ def measure(shape: str, variant: str, steps: int) -> dict:
     sync()
     dt = (time.perf_counter() - t0) / steps
 
-    a = torch.randn(1024, 1024, device=dev)
-    b = torch.randn(1024, 1024, device=dev)
+    # the peak of the precision the step runs in: fp32 1024^3 on CPU, bf16 8192^3 on GPU
+    n = 8192 if dev.type == "cuda" else 1024
+    mm_dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
+    a = torch.randn(n, n, device=dev, dtype=mm_dtype)
+    b = torch.randn(n, n, device=dev, dtype=mm_dtype)
     for _ in range(3):
         a @ b
     sync()
@@ -161,7 +170,7 @@ def measure(shape: str, variant: str, steps: int) -> dict:
     for _ in range(n_mm):
         a @ b
     sync()
-    peak = 2 * 1024 ** 3 * n_mm / (time.perf_counter() - t1)
+    peak = 2 * n ** 3 * n_mm / (time.perf_counter() - t1)
     tok_s = B * T / dt
     mem = (torch.cuda.max_memory_allocated() if dev.type == "cuda"
            else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
@@ -183,7 +192,7 @@ def cpu_name() -> str:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("--shapes", default=",".join(SHAPES))
+    ap.add_argument("--shapes", default=CPU_SHAPES)
     ap.add_argument("--variants", default=",".join(VARIANTS))
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--steps", type=int, default=None,

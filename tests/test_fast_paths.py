@@ -9,6 +9,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -163,3 +165,42 @@ def test_allocator_tuning_applies_on_glibc_and_changes_no_result():
         assert applied
     assert torch.equal(before[0], after[0]) and torch.equal(before[1], after[1])
 
+
+
+# -- no copies around the head reshape ----------------------------------------------------
+
+
+@pytest.mark.parametrize("query", ["linear", "nonlinear"])
+def test_attention_forward_makes_no_copies_around_the_head_reshape(query):
+    """(B, T, C) -> (B, nh, T, hs) and back are views: SDPA's CPU kernel writes its output in
+    (B, T, nh, hs) memory order, so the transpose back is contiguous and reshape copies
+    nothing. A copy would show up as aten::copy_ / clone / contiguous in the profile."""
+    from nlq.model.transformer import Attention
+
+    cfg = ModelConfig(vocab_size=50, block_size=32, n_layer=1, n_head=4, d_model=64,
+                      mlp_hidden=128, query=query)
+    attn = Attention(cfg)
+    x = torch.randn(2, 32, 64)
+    with torch.no_grad(), torch.profiler.profile(record_shapes=True) as prof:
+        attn(x, is_causal=True)
+    copies = {"aten::copy_", "aten::clone", "aten::contiguous", "aten::_to_copy"}
+    seen = [(e.key, e.input_shapes) for e in prof.key_averages(group_by_input_shape=True)]
+    assert any(k == "aten::_scaled_dot_product_flash_attention_for_cpu" for k, _ in seen)
+    big = [(k, sh) for k, sh in seen if k in copies
+           and any(math.prod(d) >= 2 * 32 for d in sh if isinstance(d, list) and d)]
+    assert not big, big  # (scalar conversions inside the norms are fine)
+
+def test_chunked_loss_without_grad_skips_the_gradient_work(monkeypatch):
+    """Under no_grad (eval) the loss is the same and no gradient is formed."""
+    calls = []
+    real = L._sum_nats
+    monkeypatch.setattr(L, "_sum_nats", lambda *a, **k: calls.append(k["grad"]) or real(*a, **k))
+    h = torch.randn(40, 8, requires_grad=True)
+    w = torch.randn(30, 8, requires_grad=True)
+    y = torch.randint(0, 30, (40,))
+    with torch.no_grad():
+        a = L.linear_cross_entropy(h, w, y, "sum")
+    b = L.linear_cross_entropy(h, w, y, "sum")
+    assert calls == [False, True]
+    assert a.grad_fn is None and b.grad_fn is not None
+    torch.testing.assert_close(a, b.detach(), rtol=0, atol=0)

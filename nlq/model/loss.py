@@ -32,42 +32,50 @@ def chunk_rows(n_rows: int, vocab: int, device: torch.device) -> int:
     return max(1, min(n_rows, max(MIN_CHUNK_ROWS, budget // vocab)))
 
 
+def _sum_nats(h, weight, targets, ignore_index: int, rows: int, grad: bool):
+    """Sum over rows of -log softmax(h W^T)[y], rows with y == ignore_index left out, and with
+    grad its gradients (dh (N, C), dw (V, C)); h: (N, C), weight: (V, C), targets: (N,).
+
+    Under autocast (bf16 on GPU) the matmuls run in the autocast dtype; the softmax and the
+    sums in fp32 or wider, like the plain path's logits.float().
+    """
+    dev = h.device.type
+    cdt = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else h.dtype
+    acc = torch.promote_types(cdt, torch.float32)
+    with torch.autocast(dev, enabled=False), torch.no_grad():
+        w = weight.to(cdt)
+        total = torch.zeros((), dtype=acc, device=h.device)
+        dh = torch.empty_like(h) if grad else None  # (N, C)
+        dw = torch.zeros_like(weight, dtype=acc) if grad else None  # (V, C)
+        for s in range(0, h.shape[0], rows):
+            hc, y = h[s : s + rows].to(cdt), targets[s : s + rows]  # (n, C), (n,)
+            keep = y != ignore_index  # (n,)
+            yc = torch.where(keep, y, 0)[:, None]  # (n, 1): any valid index for gather
+            lp = torch.log_softmax((hc @ w.t()).to(acc), dim=-1)  # (n, V)
+            total -= torch.where(keep, lp.gather(1, yc).squeeze(1), 0.0).sum()
+            if not grad:
+                continue
+            # d(sum of nats)/d logits = softmax - one_hot(y), zero on ignored rows
+            p = lp.exp_()  # (n, V), in place: lp is not needed any more
+            p.scatter_add_(1, yc, -keep[:, None].to(p.dtype))
+            if not bool(keep.all()):
+                p.mul_(keep[:, None])
+            p = p.to(cdt)
+            dh[s : s + rows] = p @ w  # (n, V) @ (V, C) -> (n, C)
+            if dw.dtype == cdt:  # accumulate in place, no (V, C) temporary
+                dw.addmm_(p.t(), hc)  # (V, n) @ (n, C) -> (V, C)
+            else:
+                dw += (p.t() @ hc).to(acc)
+    return total, dh, None if dw is None else dw.to(weight.dtype)
+
+
 class _LinearCrossEntropy(torch.autograd.Function):
-    """Sum over rows of -log softmax(h W^T)[y], rows with y == ignore_index left out."""
+    """_sum_nats with its gradients formed in forward, chunk by chunk, and scaled in backward."""
 
     @staticmethod
     def forward(ctx, h, weight, targets, ignore_index: int, rows: int):
-        # h: (N, C), weight: (V, C), targets: (N,). Autocast (bf16 on GPU) would cast the
-        # matmuls; the softmax is always fp32 like the plain path's logits.float().
-        dev = h.device.type
-        cdt = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else h.dtype
-        acc = torch.promote_types(cdt, torch.float32)  # softmax and sums: fp32 or wider
-        grad = ctx.needs_input_grad[0] or ctx.needs_input_grad[1]
-        with torch.autocast(dev, enabled=False):
-            w = weight.to(cdt)
-            total = torch.zeros((), dtype=acc, device=h.device)
-            dh = torch.empty_like(h) if grad else None  # (N, C)
-            dw = torch.zeros_like(weight, dtype=acc) if grad else None  # (V, C)
-            for s in range(0, h.shape[0], rows):
-                hc, y = h[s : s + rows].to(cdt), targets[s : s + rows]  # (n, C), (n,)
-                keep = y != ignore_index  # (n,)
-                yc = torch.where(keep, y, 0)[:, None]  # (n, 1): any valid index for gather
-                lp = torch.log_softmax((hc @ w.t()).to(acc), dim=-1)  # (n, V)
-                nats = lp.gather(1, yc).squeeze(1)  # (n,)
-                total -= torch.where(keep, nats, 0.0).sum()
-                if grad:
-                    # d(sum of nats)/d logits = softmax - one_hot(y), zero on ignored rows
-                    p = lp.exp_()  # (n, V), in place: lp is not needed any more
-                    p.scatter_add_(1, yc, -keep[:, None].to(p.dtype))
-                    if not bool(keep.all()):
-                        p.mul_(keep[:, None])
-                    p = p.to(cdt)
-                    dh[s : s + rows] = p @ w  # (n, V) @ (V, C) -> (n, C)
-                    if dw.dtype == cdt:  # accumulate in place, no (V, C) temporary
-                        dw.addmm_(p.t(), hc)  # (V, n) @ (n, C) -> (V, C)
-                    else:
-                        dw += (p.t() @ hc).to(acc)
-        ctx.save_for_backward(dh, dw.to(weight.dtype) if grad else None)
+        total, dh, dw = _sum_nats(h, weight, targets, ignore_index, rows, grad=True)
+        ctx.save_for_backward(dh, dw)
         return total
 
     @staticmethod
@@ -87,7 +95,10 @@ def linear_cross_entropy(h: torch.Tensor, weight: torch.Tensor, targets: torch.T
     if reduction not in ("mean", "sum"):
         raise ValueError(f"reduction must be 'mean' or 'sum', not {reduction!r}")
     rows = chunk_rows(h.shape[0], weight.shape[0], h.device)
-    total = _LinearCrossEntropy.apply(h, weight, targets, ignore_index, rows)
+    if torch.is_grad_enabled() and (h.requires_grad or weight.requires_grad):
+        total = _LinearCrossEntropy.apply(h, weight, targets, ignore_index, rows)
+    else:  # eval: no gradient work (a Function's forward cannot tell it is under no_grad)
+        total = _sum_nats(h, weight, targets, ignore_index, rows, grad=False)[0]
     if reduction == "sum":
         return total
     return total / (targets != ignore_index).sum()
