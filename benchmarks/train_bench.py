@@ -30,7 +30,12 @@ ran before issue 7.
 
 Usage: python benchmarks/train_bench.py [--shapes tiny,preset,gpt3-small] [--variants ...]
        [--repeats 5] [--steps N] [--out FILE]
+       python benchmarks/train_bench.py --pairs 40 --variants linear,nonlinear [--shapes ...]
 Writes benchmarks/results/train_bench.json (hardware, torch, date, commit, every row).
+--pairs: every variant in one process per shape, one step of each in turn; the ratios of
+adjacent steps cancel machine-speed drift that separate processes cannot (on this shared
+2-core machine the matmul peak moves by +-10% between processes). Written to
+train_bench_paired.json.
 """
 
 from __future__ import annotations
@@ -76,8 +81,9 @@ def parse_variant(v: str) -> tuple[str, set[str]]:
     return base, set(mods)
 
 
-def measure(shape: str, variant: str, steps: int) -> dict:
-    """One subprocess' measurement (run with --child)."""
+def build(shape: str, variant: str):
+    """(model config, device, step function) of one variant; step(i) runs training step i
+    and returns the loader's share of its time in seconds."""
     import numpy as np
     import torch
     import torch.nn as nn
@@ -86,13 +92,9 @@ def measure(shape: str, variant: str, steps: int) -> dict:
     from nlq.config import load_config
     from nlq.data.schedule import train_batch
     from nlq.model import Transformer
-    from nlq.model.params import flops_per_token
-    from nlq.train import alloc
     from nlq.train.loop import make_optimizer
 
     base, mods = parse_variant(variant)
-    if "glibc" not in mods:
-        alloc.keep_freed_memory()  # as `nlq train` does on CPU
     preset, over = SHAPES[shape]
     query = "linear" if base == "reference" else base
     cfg = load_config(preset, {**over, "model.query": query, "train.fused_adamw": True,
@@ -136,7 +138,6 @@ def measure(shape: str, variant: str, steps: int) -> dict:
     data = np.random.default_rng(0).integers(0, m.vocab_size, 2_000_000).astype(np.uint16)
     amp = (torch.autocast("cuda", dtype=torch.bfloat16) if dev.type == "cuda"
            else torch.autocast("cpu", enabled=False))
-    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
 
     def step(i):
         t0 = time.perf_counter()
@@ -152,6 +153,22 @@ def measure(shape: str, variant: str, steps: int) -> dict:
 
     for i in range(3 if t.compile else 2):  # warm-up: allocator, kernels, AdamW state, compile
         step(i)
+    return cfg, dev, step
+
+
+def measure(shape: str, variant: str, steps: int) -> dict:
+    """One subprocess' measurement (run with --child)."""
+    import torch
+
+    from nlq.model.params import flops_per_token
+    from nlq.train import alloc
+
+    if "glibc" not in parse_variant(variant)[1]:
+        alloc.keep_freed_memory()  # as `nlq train` does on CPU
+    cfg, dev, step = build(shape, variant)
+    m, t = cfg.model, cfg.train
+    B, T = t.micro_batch, m.block_size
+    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
     sync()
     t0 = time.perf_counter()
     load = sum(step(i) for i in range(2, 2 + steps))
@@ -180,6 +197,59 @@ def measure(shape: str, variant: str, steps: int) -> dict:
             "threads": torch.get_num_threads(), "device": str(dev)}
 
 
+def paired(shape: str, variants: list[str], pairs: int) -> dict:
+    """All variants in one process, one step of each in turn, `pairs` rounds: machine-speed
+    drift slower than a step hits every variant alike, so the per-round ratios are tighter
+    than those of separate processes (run with --child-paired)."""
+    import torch
+
+    from nlq.train import alloc
+
+    alloc.keep_freed_memory()
+    steps = {v: build(shape, v)[2] for v in variants}
+    sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
+    times = {v: [] for v in variants}
+    for r in range(pairs):
+        order = variants if r % 2 == 0 else variants[::-1]  # neither always goes first
+        for v in order:
+            sync()
+            t0 = time.perf_counter()
+            steps[v](2 + r)
+            sync()
+            times[v].append(time.perf_counter() - t0)
+    return {"shape": shape, "pairs": pairs, "threads": torch.get_num_threads(),
+            "ms_per_step": {v: [1e3 * x for x in ts] for v, ts in times.items()}}
+
+
+def report_paired(args, shapes, variants) -> int:
+    print(f"paired, in one process per shape: {args.pairs} rounds of one step per variant; "
+          f"ratio = linear's step time over the variant's in the same round")
+    print(f"{'shape':>10} {'variant':>20} {'ms/step':>8} {'ratio':>6} {'IQR':>13} "
+          f"{'range':>13}")
+    out = []
+    for shape in shapes:
+        cmd = [sys.executable, __file__, "--child-paired", shape, ",".join(variants),
+               str(args.pairs)]
+        res = subprocess.run(cmd, capture_output=True, text=True)
+        if res.returncode != 0:
+            sys.stderr.write(res.stderr)
+            raise SystemExit(f"train_bench: paired {shape} failed (exit {res.returncode})")
+        row = json.loads(res.stdout.strip().splitlines()[-1])
+        lin = row["ms_per_step"]["linear"]
+        row["summary"] = {}
+        for v in variants:
+            r = sorted(a / b for a, b in zip(lin, row["ms_per_step"][v]))
+            q = statistics.quantiles(r, n=4)
+            row["summary"][v] = {"ms_per_step": statistics.median(row["ms_per_step"][v]),
+                                 "ratio_vs_linear": statistics.median(r),
+                                 "ratio_iqr": [q[0], q[2]], "ratio_range": [r[0], r[-1]]}
+            sm = row["summary"][v]
+            print(f"{shape:>10} {v:>20} {sm['ms_per_step']:8.1f} {sm['ratio_vs_linear']:6.3f} "
+                  f"{q[0]:6.3f}-{q[2]:.3f} {r[0]:6.3f}-{r[-1]:.3f}", flush=True)
+        out.append(row)
+    return out
+
+
 def cpu_name() -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -190,6 +260,27 @@ def cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
+def write(args, mode: dict, body: dict) -> None:
+    git = lambda *a: subprocess.run(["git", *a], capture_output=True, text=True,  # noqa: E731
+                                    cwd=Path(__file__).parent).stdout.strip()
+    import torch
+
+    meta = {"date": datetime.datetime.now().isoformat(timespec="seconds"),
+            "commit": git("rev-parse", "--short", "HEAD"),
+            "dirty": bool(git("status", "--porcelain", "--untracked-files=no")),
+            "torch": torch.__version__, "python": platform.python_version(),
+            "cpu": cpu_name(), "machine": platform.machine(), "cpu_count": os.cpu_count(),
+            "intra_op_threads": torch.get_num_threads(),
+            "cuda": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+            "loadavg_1min": os.getloadavg()[0], **mode,
+            "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]])}
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps({"meta": meta, **body}, indent=2))
+    print(f"\nwrote {args.out} ({meta['date']}, commit {meta['commit']}"
+          f"{' + uncommitted changes' if meta['dirty'] else ''}, {meta['cpu']}, "
+          f"load {meta['loadavg_1min']:.1f})")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--shapes", default=CPU_SHAPES)
@@ -198,11 +289,23 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=None,
                     help="timed steps per measurement (default " +
                          ", ".join(f"{k} {v}" for k, v in STEPS.items()) + ")")
+    ap.add_argument("--pairs", type=int, default=0,
+                    help="instead: all variants in one process per shape, one step each in\n"
+                         "turn for PAIRS rounds (ratios from adjacent steps; no +glibc)")
     ap.add_argument("--child", nargs=3, metavar=("SHAPE", "VARIANT", "STEPS"), help=argparse.SUPPRESS)
-    ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "train_bench.json"))
+    ap.add_argument("--child-paired", nargs=3, help=argparse.SUPPRESS)
+    ap.add_argument("--out", default=None, help="JSON file (default benchmarks/results/"
+                    "train_bench.json,\nor train_bench_paired.json with --pairs)")
     args = ap.parse_args()
+    if args.out is None:
+        name = "train_bench_paired.json" if args.pairs else "train_bench.json"
+        args.out = str(Path(__file__).parent / "results" / name)
     if args.child:
         print(json.dumps(measure(args.child[0], args.child[1], int(args.child[2]))))
+        return 0
+    if args.child_paired:
+        shape, vs, n = args.child_paired
+        print(json.dumps(paired(shape, vs.split(","), int(n))))
         return 0
     shapes, variants = args.shapes.split(","), args.variants.split(",")
     for sh in shapes:
@@ -214,6 +317,12 @@ def main() -> int:
         raise SystemExit("train_bench: --variants must include linear (ratios are against it)")
     if args.repeats < 1 or (args.steps is not None and args.steps < 1):
         raise SystemExit("train_bench: --repeats and --steps must be >= 1")
+    if args.pairs:
+        if any("glibc" in parse_variant(v)[1] for v in variants):
+            raise SystemExit("train_bench: +glibc is per process; it cannot be paired in one")
+        rows = report_paired(args, shapes, variants)
+        write(args, {"mode": "paired", "pairs": args.pairs}, {"paired": rows})
+        return 0
     rows = []
     for r in range(args.repeats):
         for shape in shapes:
@@ -248,25 +357,8 @@ def main() -> int:
                   f"{s['mfu']:6.1%} {s['ratio_vs_linear']:6.3f} "
                   f"{min(ratios):6.3f}-{max(ratios):.3f} {s['loader_frac']:7.2%} "
                   f"{s['peak_mem_mb']:7.0f}")
-    git = lambda *a: subprocess.run(["git", *a], capture_output=True, text=True,  # noqa: E731
-                                    cwd=Path(__file__).parent).stdout.strip()
-    import torch
-
-    meta = {"date": datetime.datetime.now().isoformat(timespec="seconds"),
-            "commit": git("rev-parse", "--short", "HEAD"),
-            "dirty": bool(git("status", "--porcelain", "--untracked-files=no")),
-            "torch": torch.__version__, "python": platform.python_version(),
-            "cpu": cpu_name(), "machine": platform.machine(), "cpu_count": os.cpu_count(),
-            "threads": rows[0]["threads"],
-            "cuda": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
-            "loadavg_1min": os.getloadavg()[0], "repeats": args.repeats,
-            "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]])}
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps({"meta": meta, "summary": summary, "rows": rows},
-                                         indent=2))
-    print(f"\nwrote {args.out} ({meta['date']}, commit {meta['commit']}"
-          f"{' + uncommitted changes' if meta['dirty'] else ''}, {meta['cpu']}, "
-          f"load {meta['loadavg_1min']:.1f})")
+    write(args, {"mode": "separate processes", "repeats": args.repeats},
+          {"summary": summary, "rows": rows})
     return 0
 
 
