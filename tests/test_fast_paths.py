@@ -204,3 +204,58 @@ def test_chunked_loss_without_grad_skips_the_gradient_work(monkeypatch):
     assert calls == [False, True]
     assert a.grad_fn is None and b.grad_fn is not None
     torch.testing.assert_close(a, b.detach(), rtol=0, atol=0)
+
+
+# -- the nonlinear query's folded in-norm -------------------------------------------------
+
+
+def test_rmsnorm_linear_fold_passes_gradcheck():
+    from nlq.model.query import _RMSNormLinearCPU
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(3, 5, 8, dtype=torch.float64, generator=g, requires_grad=True)
+    gain = torch.randn(8, dtype=torch.float64, generator=g, requires_grad=True)
+    w = torch.randn(4, 8, dtype=torch.float64, generator=g, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda a, b, c: _RMSNormLinearCPU.apply(a, b, c, 1e-5),
+                                    (x, gain, w))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_nonlinear_query_fold_matches_the_modules(monkeypatch, dtype):
+    """f(X) with RMSNorm folded into W1 == RMSNorm module then nn.Linear: values and the
+    gradients of X and of every parameter."""
+    from nlq.model.query import NonlinearQuery
+
+    cfg = ModelConfig(vocab_size=50, block_size=16, n_layer=1, n_head=4, d_model=32,
+                      mlp_hidden=64, query="nonlinear")
+    torch.manual_seed(0)
+    q = NonlinearQuery(cfg).to(dtype)
+    with torch.no_grad():
+        for p in q.parameters():
+            p.add_(0.3 * torch.randn_like(p))  # gains away from 1, so a dropped gain shows
+    x = torch.randn(2, 16, 32, dtype=dtype, requires_grad=True)
+    up = torch.randn(2, 16, 32, dtype=dtype)
+    assert q.fold_in_norm(x)
+    out = {}
+    for fold in (True, False):
+        monkeypatch.setattr(NonlinearQuery, "fold_in_norm", lambda self, x, f=fold: f)
+        y = q(x)
+        gs = torch.autograd.grad((y * up).sum(), [x, *q.parameters()])
+        out[fold] = (y, gs)
+    tol = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=1e-11, atol=1e-11)
+    torch.testing.assert_close(out[True][0], out[False][0], **tol)
+    for a, b in zip(out[True][1], out[False][1]):
+        torch.testing.assert_close(a, b, **tol)
+
+
+def test_nonlinear_query_fold_only_where_it_applies():
+    from nlq.model.query import NonlinearQuery
+
+    base = dict(vocab_size=50, block_size=16, n_layer=1, n_head=4, d_model=32, mlp_hidden=64,
+                query="nonlinear")
+    x = torch.randn(1, 4, 32)
+    assert NonlinearQuery(ModelConfig(**base)).fold_in_norm(x)
+    assert not NonlinearQuery(ModelConfig(**base, bias=True)).fold_in_norm(x)
+    assert not NonlinearQuery(ModelConfig(**base, nl_in_norm="layernorm")).fold_in_norm(x)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert not NonlinearQuery(ModelConfig(**base)).fold_in_norm(x)

@@ -50,6 +50,42 @@ class _RMSNormCPU(torch.autograd.Function):
         return dx, dw, None
 
 
+class _RMSNormLinearCPU(torch.autograd.Function):
+    """RMSNorm(x) @ W^T (no bias) computed as rstd * (x @ (W * g)^T), rstd = 1 / rms(x).
+
+    The exact same map with the gain g folded into the (r, C) weight and the per-row 1/rms
+    applied to the (N, r) output: no normalised (N, C) copy of x is written, saved or read
+    back. On CPU the query's elementwise work is memory-bound, and this removes most of the
+    in-norm's passes over (N, C) data (issue 7). With h = rstd * u, u = x (W g)^T:
+        du = dh * rstd,  dx = du (W g) - x * rstd^3 / C * sum_j(dh_j u_j),
+        d(W g) = du^T x,  dW = d(W g) * g,  dg = sum over rows of d(W g) * W.
+    """
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, g: torch.Tensor, w: torch.Tensor, eps: float):
+        C = x.shape[-1]
+        x2 = x.reshape(-1, C)  # (N, C)
+        ms = torch.linalg.vector_norm(x2, dim=-1, keepdim=True).square_().div_(C)
+        rstd = torch.rsqrt(ms.add_(eps))  # (N, 1)
+        wg = w * g  # (r, C)
+        u = x2 @ wg.t()  # (N, r)
+        ctx.save_for_backward(x2, g, w, wg, rstd, u)
+        return (u * rstd).view(*x.shape[:-1], w.shape[0])  # (..., r)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, dh: torch.Tensor):
+        x2, g, w, wg, rstd, u = ctx.saved_tensors
+        C = x2.shape[-1]
+        dh2 = dh.reshape(-1, w.shape[0])  # (N, r)
+        du = dh2 * rstd  # (N, r)
+        dx = du @ wg  # (N, C)
+        drstd = (dh2 * u).sum(-1, keepdim=True)  # (N, 1)
+        dx.addcmul_(x2, drstd.mul_(rstd.pow(3)).div_(-C))
+        dwg = du.t() @ x2  # (r, C)
+        return dx.view(*dh.shape[:-1], C), (dwg * w).sum(0), dwg * g, None
+
+
 class RMSNorm(nn.Module):
     """RMSNorm with a learnable gain (no bias): F.rms_norm, or its CPU fast path above."""
 
@@ -141,7 +177,18 @@ class NonlinearQuery(nn.Module):
         self.scale_factor = 1.0 if self.explicit_half else 0.5
 
     def f(self, x: torch.Tensor) -> torch.Tensor:
-        return self.out_norm(self.w2(self.act(self.w1(self.in_norm(x)))))
+        if self.fold_in_norm(x):
+            h = _RMSNormLinearCPU.apply(x, self.in_norm.weight, self.w1.weight, self.in_norm.eps)
+        else:
+            h = self.w1(self.in_norm(x))  # (B, T, r)
+        return self.out_norm(self.w2(self.act(h)))
+
+    def fold_in_norm(self, x: torch.Tensor) -> bool:
+        """The CPU fast path for RMSNorm then W1 (the paper's f) in fp32/fp64 without
+        autocast; bias, other norms, GPU and autocast take the modules."""
+        return (isinstance(self.in_norm, RMSNorm) and self.w1.bias is None
+                and x.device.type == "cpu" and not torch.is_autocast_enabled("cpu")
+                and x.dtype == self.w1.weight.dtype == self.in_norm.weight.dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         q = x + self.f(x)
