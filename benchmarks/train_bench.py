@@ -267,7 +267,9 @@ def write(args, mode: dict, body: dict) -> None:
 
     meta = {"date": datetime.datetime.now().isoformat(timespec="seconds"),
             "commit": git("rev-parse", "--short", "HEAD"),
-            "dirty": bool(git("status", "--porcelain", "--untracked-files=no")),
+            # code changes only: the results file itself is rewritten by every run
+            "dirty": bool(git("status", "--porcelain", "--untracked-files=no", "--", ":/",
+                              ":(exclude,top)benchmarks/results")),
             "torch": torch.__version__, "python": platform.python_version(),
             "cpu": cpu_name(), "machine": platform.machine(), "cpu_count": os.cpu_count(),
             "intra_op_threads": torch.get_num_threads(),
