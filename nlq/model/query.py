@@ -21,8 +21,9 @@ class _RMSNormCPU(torch.autograd.Function):
 
     On CPU (torch 2.13) F.rms_norm runs as a chain of unfused ops whose backward broadcasts
     and reduces through slow paths: fwd+bwd of a (2048, 256) input took ~3.6 ms against
-    ~0.3 ms for the fused layer_norm (benchmarks/RESULTS.md). That was most of the nonlinear
-    query's overhead (issue 7). This keeps the same math in a few in-place passes:
+    ~0.3 ms for the fused layer_norm (benchmarks/RESULTS.md), most of the nonlinear query's
+    overhead (issue 7). Used by QK-norm and wherever the fold below does not apply; the same
+    math in a few in-place passes:
         dx = rstd * (g*w - xhat * mean(g*w * xhat)),   dw = sum over rows of g * xhat.
     """
 

@@ -5,8 +5,8 @@ every step. glibc malloc serves blocks above its mmap threshold (dynamic, 128 Ki
 with fresh mmap()s and gives the top of the heap back to the OS beyond its trim threshold, so
 those buffers come back as new pages that the kernel zeroes and faults in one 4 KiB page at a
 time (~0.5 ms per MiB here). Fixing both thresholds (the usual glibc tuning for PyTorch on
-CPU, like the jemalloc / tcmalloc advice) keeps the memory for reuse: 4-7% faster steps at
-the tiny benchmark shape (benchmarks/RESULTS.md). The process keeps up to its peak memory
+CPU, like the jemalloc / tcmalloc advice) keeps the memory for reuse: about 7% faster steps
+at the tiny benchmark shape in two back-to-back benchmark runs (benchmarks/RESULTS.md). The process keeps up to its peak memory
 instead of returning it between steps, which is what a training process wants anyway.
 """
 
