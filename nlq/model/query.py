@@ -16,6 +16,13 @@ import torch.nn.functional as F
 from nlq.config import ModelConfig
 
 
+def _rstd(x: torch.Tensor, eps: float) -> torch.Tensor:
+    """1 / sqrt(mean(x^2) + eps) over the last dim, (..., 1); mean(x^2) as one fused
+    reduction, ||x||^2 / C."""
+    ms = torch.linalg.vector_norm(x, dim=-1, keepdim=True).square_().div_(x.shape[-1])
+    return torch.rsqrt(ms.add_(eps))
+
+
 class _RMSNormCPU(torch.autograd.Function):
     """y = x * rstd * w, rstd = 1 / sqrt(mean(x^2) + eps), with a hand-written backward.
 
@@ -29,9 +36,7 @@ class _RMSNormCPU(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-        # mean(x^2) as one fused reduction: ||x||^2 / C
-        ms = torch.linalg.vector_norm(x, dim=-1, keepdim=True).square_().div_(x.shape[-1])
-        rstd = torch.rsqrt(ms.add_(eps))  # (..., 1)
+        rstd = _rstd(x, eps)  # (..., 1)
         ctx.save_for_backward(x, weight, rstd)
         return torch.mul(x, rstd).mul_(weight)
 
@@ -66,8 +71,7 @@ class _RMSNormLinearCPU(torch.autograd.Function):
     def forward(ctx, x: torch.Tensor, g: torch.Tensor, w: torch.Tensor, eps: float):
         C = x.shape[-1]
         x2 = x.reshape(-1, C)  # (N, C)
-        ms = torch.linalg.vector_norm(x2, dim=-1, keepdim=True).square_().div_(C)
-        rstd = torch.rsqrt(ms.add_(eps))  # (N, 1)
+        rstd = _rstd(x2, eps)  # (N, 1)
         wg = w * g  # (r, C)
         u = x2 @ wg.t()  # (N, r)
         ctx.save_for_backward(x2, g, w, wg, rstd, u)
