@@ -23,7 +23,9 @@ check nlq's linear arm is never slower. Modifiers after "+" change how a variant
   +logits   the loss from materialised (N, V) logits + F.cross_entropy (nlq's path before
             issue 7) instead of nlq/model/loss.py's chunked loss;
   +glibc    glibc's default malloc thresholds instead of nlq/train/alloc.py's;
-  +compile  train.compile = true (torch.compile of every block).
+  +compile  train.compile = true (torch.compile of every block);
+  +modules  the nonlinear query as plain nn modules, without its fused CPU autograd node
+            (nlq/model/query.py, _NonlinearQueryCPU).
 Every variant runs as `nlq train` would (the allocator tuning applies to the reference too,
 so that comparison is about the model code); "linear+logits+glibc" is nlq's linear arm as it
 ran before issue 7.
@@ -67,7 +69,7 @@ SHAPES = {
 STEPS = {"tiny": 10, "preset": 30, "gpt3-small": 5, "gpt3-small-gpu": 20}
 CPU_SHAPES = "tiny,preset,gpt3-small"
 VARIANTS = ["linear", "nonlinear", "identity", "residual", "reference", "linear+logits+glibc"]
-MODIFIERS = {"logits", "glibc", "compile"}
+MODIFIERS = {"logits", "glibc", "compile", "modules"}
 
 
 def parse_variant(v: str) -> tuple[str, set[str]]:
@@ -128,6 +130,10 @@ def build(shape: str, variant: str):
             return logits, F.cross_entropy(logits.view(B * T, -1), targets.reshape(-1))
 
     model = (Ref() if base == "reference" else Transformer(m)).to(dev)
+    if "modules" in mods:
+        for mod in model.modules():
+            if hasattr(mod, "cpu_fast_path"):
+                mod.cpu_fast_path = False
     if t.compile:
         for block in model.blocks:  # as nlq/train/loop.py does
             block.compile()

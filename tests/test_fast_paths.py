@@ -206,28 +206,35 @@ def test_chunked_loss_without_grad_skips_the_gradient_work(monkeypatch):
     torch.testing.assert_close(a, b.detach(), rtol=0, atol=0)
 
 
-# -- the nonlinear query's folded in-norm -------------------------------------------------
+# -- the nonlinear query's fused CPU path --------------------------------------------------
 
 
-def test_rmsnorm_linear_fold_passes_gradcheck():
-    from nlq.model.query import _RMSNormLinearCPU
-
-    g = torch.Generator().manual_seed(0)
-    x = torch.randn(3, 5, 8, dtype=torch.float64, generator=g, requires_grad=True)
-    gain = torch.randn(8, dtype=torch.float64, generator=g, requires_grad=True)
-    w = torch.randn(4, 8, dtype=torch.float64, generator=g, requires_grad=True)
-    assert torch.autograd.gradcheck(lambda a, b, c: _RMSNormLinearCPU.apply(a, b, c, 1e-5),
-                                    (x, gain, w))
+def _nlq_args(C=8, r=4, dtype=torch.float64, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    def t(*shape):
+        return torch.randn(*shape, dtype=dtype, generator=g, requires_grad=True)
+    return t(3, 5, C), 1 + 0.3 * t(C), t(r, C), t(C, r), 1 + 0.3 * t(C)
 
 
+@pytest.mark.parametrize("approx", ["none", "tanh"])
+def test_fused_nonlinear_query_passes_gradcheck(approx):
+    from nlq.model.query import _NonlinearQueryCPU
+
+    x, g, w1, w2, ln_w = _nlq_args()
+    args = tuple(a.detach().requires_grad_() for a in (x, g, w1, w2, ln_w))
+    assert torch.autograd.gradcheck(
+        lambda *a: _NonlinearQueryCPU.apply(*a, None, 1e-5, 1e-5, approx), args)
+
+
+@pytest.mark.parametrize("act", ["gelu", "gelu_tanh"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-def test_nonlinear_query_fold_matches_the_modules(monkeypatch, dtype):
-    """f(X) with RMSNorm folded into W1 == RMSNorm module then nn.Linear: values and the
-    gradients of X and of every parameter."""
+def test_fused_nonlinear_query_matches_the_modules(monkeypatch, dtype, act):
+    """The fused CPU path == RMSNorm, nn.Linear, GELU, nn.Linear, LayerNorm modules plus X:
+    values and the gradients of X and of every parameter."""
     from nlq.model.query import NonlinearQuery
 
     cfg = ModelConfig(vocab_size=50, block_size=16, n_layer=1, n_head=4, d_model=32,
-                      mlp_hidden=64, query="nonlinear")
+                      mlp_hidden=64, query="nonlinear", nl_act=act)
     torch.manual_seed(0)
     q = NonlinearQuery(cfg).to(dtype)
     with torch.no_grad():
@@ -235,27 +242,52 @@ def test_nonlinear_query_fold_matches_the_modules(monkeypatch, dtype):
             p.add_(0.3 * torch.randn_like(p))  # gains away from 1, so a dropped gain shows
     x = torch.randn(2, 16, 32, dtype=dtype, requires_grad=True)
     up = torch.randn(2, 16, 32, dtype=dtype)
-    assert q.fold_in_norm(x)
+    assert q.fused_cpu(x)
     out = {}
-    for fold in (True, False):
-        monkeypatch.setattr(NonlinearQuery, "fold_in_norm", lambda self, x, f=fold: f)
+    for fast in (True, False):
+        q.cpu_fast_path = fast
         y = q(x)
+        assert (y.grad_fn.name() == "_NonlinearQueryCPUBackward") == fast
         gs = torch.autograd.grad((y * up).sum(), [x, *q.parameters()])
-        out[fold] = (y, gs)
+        out[fast] = (y, gs)
     tol = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=1e-11, atol=1e-11)
     torch.testing.assert_close(out[True][0], out[False][0], **tol)
     for a, b in zip(out[True][1], out[False][1]):
         torch.testing.assert_close(a, b, **tol)
 
 
-def test_nonlinear_query_fold_only_where_it_applies():
+def test_fused_nonlinear_query_only_where_it_applies():
     from nlq.model.query import NonlinearQuery
 
     base = dict(vocab_size=50, block_size=16, n_layer=1, n_head=4, d_model=32, mlp_hidden=64,
                 query="nonlinear")
     x = torch.randn(1, 4, 32)
-    assert NonlinearQuery(ModelConfig(**base)).fold_in_norm(x)
-    assert not NonlinearQuery(ModelConfig(**base, bias=True)).fold_in_norm(x)
-    assert not NonlinearQuery(ModelConfig(**base, nl_in_norm="layernorm")).fold_in_norm(x)
+    assert NonlinearQuery(ModelConfig(**base)).fused_cpu(x)
+    assert not NonlinearQuery(ModelConfig(**base, bias=True)).fused_cpu(x)
+    for key, value in [("nl_in_norm", "layernorm"), ("nl_in_norm", "none"),
+                       ("nl_out_norm", "rmsnorm"), ("nl_act", "relu")]:
+        assert not NonlinearQuery(ModelConfig(**base, **{key: value})).fused_cpu(x), key
+    assert not NonlinearQuery(ModelConfig(**base)).fused_cpu(x.double())  # dtype mismatch
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        assert not NonlinearQuery(ModelConfig(**base)).fold_in_norm(x)
+        assert not NonlinearQuery(ModelConfig(**base)).fused_cpu(x)
+
+
+def test_fused_nonlinear_query_frozen_parameters_get_no_gradient():
+    """needs_input_grad is honoured: a frozen W1 and gain get None, the rest still match."""
+    from nlq.model.query import NonlinearQuery
+
+    cfg = ModelConfig(vocab_size=50, block_size=16, n_layer=1, n_head=4, d_model=32,
+                      mlp_hidden=64, query="nonlinear")
+    torch.manual_seed(0)
+    q = NonlinearQuery(cfg).double()
+    q.w1.weight.requires_grad_(False)
+    q.in_norm.weight.requires_grad_(False)
+    x = torch.randn(2, 16, 32, dtype=torch.float64, requires_grad=True)
+    q(x).sum().backward()
+    assert q.w1.weight.grad is None and q.in_norm.weight.grad is None
+    got = (x.grad.clone(), q.w2.weight.grad.clone(), q.out_norm.weight.grad.clone())
+    x.grad = q.w2.weight.grad = q.out_norm.weight.grad = None
+    q.cpu_fast_path = False
+    q(x).sum().backward()
+    for a, b in zip(got, (x.grad, q.w2.weight.grad, q.out_norm.weight.grad)):
+        torch.testing.assert_close(a, b, rtol=1e-11, atol=1e-11)

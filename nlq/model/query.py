@@ -29,7 +29,7 @@ class _RMSNormCPU(torch.autograd.Function):
     On CPU (torch 2.13) F.rms_norm runs as a chain of unfused ops whose backward broadcasts
     and reduces through slow paths: fwd+bwd of a (2048, 256) input took ~3.6 ms against
     ~0.3 ms for the fused layer_norm (benchmarks/RESULTS.md), most of the nonlinear query's
-    overhead (issue 7). Used by QK-norm and wherever the fold below does not apply; the same
+    overhead (issue 7). Used by QK-norm and where _NonlinearQueryCPU does not apply; the same
     math in a few in-place passes:
         dx = rstd * (g*w - xhat * mean(g*w * xhat)),   dw = sum over rows of g * xhat.
     """
@@ -56,39 +56,62 @@ class _RMSNormCPU(torch.autograd.Function):
         return dx, dw, None
 
 
-class _RMSNormLinearCPU(torch.autograd.Function):
-    """RMSNorm(x) @ W^T (no bias) computed as rstd * (x @ (W * g)^T), rstd = 1 / rms(x).
+class _NonlinearQueryCPU(torch.autograd.Function):
+    """q = x + LN(act(RMSNorm(x) W1^T) W2^T), the paper's query (no biases), in one autograd
+    node with a hand-written backward, exact (CPU fast path, issue 7).
 
-    The exact same map with the gain g folded into the (r, C) weight and the per-row 1/rms
-    applied to the (N, r) output: no normalised (N, C) copy of x is written, saved or read
-    back. On CPU the query's elementwise work is memory-bound, and this removes most of the
-    in-norm's passes over (N, C) data (issue 7). With h = rstd * u, u = x (W g)^T:
-        du = dh * rstd,  dx = du (W g) - x * rstd^3 / C * sum_j(dh_j u_j),
-        d(W g) = du^T x,  dW = d(W g) * g,  dg = sum over rows of d(W g) * W.
+    On CPU the query's extra cost over a linear one is memory traffic, not FLOPs: the same
+    C^2 multiply-adds, plus elementwise passes over (N, C) and (N, r) tensors that run after
+    the GEMMs have evicted them from cache. This form removes the passes autograd would make:
+    - the in-norm's gain is folded into W1 and its 1/rms applied to the (N, r) product,
+      RMSNorm(x) W1^T = rstd * x (W1 g)^T, so no normalised (N, C) copy of x exists;
+    - the identity term is added into the LayerNorm output in place, and its gradient is
+      the starting value of the dx GEMM (addmm_) instead of a separate accumulation;
+    - the (N, r) temporaries are scaled in place.
+    Backward, with u = x (W1 g)^T, h = rstd * u, a = act(h), z = a W2^T, dq the incoming grad:
+        dz = LN'(dq),  dW2 = dz^T a,  dh = act'(dz W2) ,  du = dh * rstd,
+        dx = dq + du (W1 g) - x * rstd / C * sum_j(du_j h_j),
+        d(W1 g) = du^T x,  dW1 = d(W1 g) * g,  dg = sum over rows of d(W1 g) * W1.
+    (The rstd term: d rstd / dx = -rstd^3 x / C, and sum_j dh_j u_j = sum_j du_j h_j / rstd^2.)
     """
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor, g: torch.Tensor, w: torch.Tensor, eps: float):
+    def forward(ctx, x, g, w1, w2, ln_w, ln_b, eps_in: float, eps_out: float, approx: str):
         C = x.shape[-1]
         x2 = x.reshape(-1, C)  # (N, C)
-        rstd = _rstd(x2, eps)  # (N, 1)
-        wg = w * g  # (r, C)
-        u = x2 @ wg.t()  # (N, r)
-        ctx.save_for_backward(x2, g, w, wg, rstd, u)
-        return (u * rstd).view(*x.shape[:-1], w.shape[0])  # (..., r)
+        rstd = _rstd(x2, eps_in)  # (N, 1)
+        wg = w1 * g  # (r, C)
+        h = torch.mm(x2, wg.t()).mul_(rstd)  # (N, r)
+        a = F.gelu(h, approximate=approx)  # (N, r)
+        z = torch.mm(a, w2.t())  # (N, C)
+        q, mean, rstd_out = torch.native_layer_norm(z, (C,), ln_w, ln_b, eps_out)
+        q.add_(x2)  # the identity term, in place (layer_norm's backward does not need q)
+        ctx.save_for_backward(x2, g, w1, w2, wg, rstd, h, a, z, mean, rstd_out, ln_w, ln_b)
+        ctx.approx = approx
+        return q.view(x.shape)  # (..., C)
 
     @staticmethod
     @torch.autograd.function.once_differentiable
-    def backward(ctx, dh: torch.Tensor):
-        x2, g, w, wg, rstd, u = ctx.saved_tensors
-        C = x2.shape[-1]
-        dh2 = dh.reshape(-1, w.shape[0])  # (N, r)
-        du = dh2 * rstd  # (N, r)
-        dx = du @ wg  # (N, C)
-        drstd = (dh2 * u).sum(-1, keepdim=True)  # (N, 1)
-        dx.addcmul_(x2, drstd.mul_(rstd.pow(3)).div_(-C))
-        dwg = du.t() @ x2  # (r, C)
-        return dx.view(*dh.shape[:-1], C), (dwg * w).sum(0), dwg * g, None
+    def backward(ctx, dq):
+        x2, g, w1, w2, wg, rstd, h, a, z, mean, rstd_out, ln_w, ln_b = ctx.saved_tensors
+        N, C = x2.shape
+        dq2 = dq.reshape(N, C)  # (N, C)
+        need = ctx.needs_input_grad
+        dz, d_lnw, d_lnb = torch.ops.aten.native_layer_norm_backward(
+            dq2, z, (C,), mean, rstd_out, ln_w, ln_b,
+            [True, ln_w is not None and need[4], ln_b is not None and need[5]])
+        dw2 = torch.mm(dz.t(), a) if need[3] else None  # (C, r)
+        du = torch.ops.aten.gelu_backward(torch.mm(dz, w2), h, approximate=ctx.approx)
+        du.mul_(rstd)  # (N, r)
+        dx = None
+        if need[0]:
+            s = torch.linalg.vecdot(du, h).unsqueeze_(-1)  # (N, 1): sum_j du_j h_j
+            dx = torch.addcmul(dq2, x2, s.mul_(rstd), value=-1.0 / C)  # (N, C)
+            dx = dx.addmm_(du, wg).view(dq.shape)  # (..., C)
+        dwg = torch.mm(du.t(), x2) if need[1] or need[2] else None  # (r, C)
+        dg = (dwg * w1).sum(0) if need[1] else None
+        dw1 = dwg * g if need[2] else None
+        return dx, dg, dw1, dw2, d_lnw, d_lnb, None, None, None
 
 
 class RMSNorm(nn.Module):
@@ -180,23 +203,29 @@ class NonlinearQuery(nn.Module):
         self.out_norm = make_norm(cfg.nl_out_norm, cfg.d_model, cfg.bias, cfg.norm_eps)
         self.explicit_half = cfg.nl_half == "explicit"
         self.scale_factor = 1.0 if self.explicit_half else 0.5
+        self.cpu_fast_path = True  # False: always the modules (benchmarks' "+modules")
 
     def f(self, x: torch.Tensor) -> torch.Tensor:
-        if self.fold_in_norm(x):
-            h = _RMSNormLinearCPU.apply(x, self.in_norm.weight, self.w1.weight, self.in_norm.eps)
-        else:
-            h = self.w1(self.in_norm(x))  # (B, T, r)
+        h = self.w1(self.in_norm(x))  # (B, T, r)
         return self.out_norm(self.w2(self.act(h)))
 
-    def fold_in_norm(self, x: torch.Tensor) -> bool:
-        """The CPU fast path for RMSNorm then W1 (the paper's f) in fp32/fp64 without
-        autocast; bias, other norms, GPU and autocast take the modules."""
-        return (isinstance(self.in_norm, RMSNorm) and self.w1.bias is None
+    def fused_cpu(self, x: torch.Tensor) -> bool:
+        """Whether forward takes _NonlinearQueryCPU: the paper's f (RMSNorm in, GELU,
+        LayerNorm out, no biases) on CPU in fp32/fp64 without autocast. Everything else
+        (GPU, autocast, biases, other norms or activations) runs the modules above."""
+        return (self.cpu_fast_path and isinstance(self.in_norm, RMSNorm)
+                and isinstance(self.out_norm, nn.LayerNorm) and isinstance(self.act, nn.GELU)
+                and self.w1.bias is None and self.w2.bias is None
                 and x.device.type == "cpu" and not torch.is_autocast_enabled("cpu")
                 and x.dtype == self.w1.weight.dtype == self.in_norm.weight.dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        q = x + self.f(x)
+        if self.fused_cpu(x):
+            q = _NonlinearQueryCPU.apply(
+                x, self.in_norm.weight, self.w1.weight, self.w2.weight, self.out_norm.weight,
+                self.out_norm.bias, self.in_norm.eps, self.out_norm.eps, self.act.approximate)
+        else:
+            q = x + self.f(x)
         return 0.5 * q if self.explicit_half else q
 
 
