@@ -45,6 +45,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import math
 import os
 import platform
 import resource
@@ -116,6 +117,14 @@ def build(shape: str, variant: str):
                 fc=nn.Linear(C, m.mlp_width, bias=False),
                 out=nn.Linear(m.mlp_width, C, bias=False))) for _ in range(m.n_layer))
             self.ln_f = nn.LayerNorm(C, bias=False)
+            # GPT-2 / nanoGPT init: N(0, 0.02), residual projections / sqrt(2 L). With torch's
+            # defaults (N(0, 1) embeddings, tied to the head) the logits start huge, softmax
+            # underflows to subnormal floats and on Intel CPUs every op touching them slows
+            # down (2-5x whole steps here); that would time the init, not the code.
+            for name, p in self.named_parameters():
+                if p.dim() == 2:
+                    resid = name.endswith(("proj.weight", "out.weight"))
+                    nn.init.normal_(p, 0.0, 0.02 / math.sqrt(2 * m.n_layer) if resid else 0.02)
 
         def forward(self, idx, targets):
             B, T = idx.shape
