@@ -69,7 +69,7 @@ class _NonlinearQueryCPU(torch.autograd.Function):
       the starting value of the dx GEMM (addmm_) instead of a separate accumulation;
     - the (N, r) temporaries are scaled in place.
     Backward, with u = x (W1 g)^T, h = rstd * u, a = act(h), z = a W2^T, dq the incoming grad:
-        dz = LN'(dq),  dW2 = dz^T a,  dh = act'(dz W2) ,  du = dh * rstd,
+        dz = LN'(dq),  dW2 = dz^T a,  dh = act'(dz W2),  du = dh * rstd,
         dx = dq + du (W1 g) - x * rstd / C * sum_j(du_j h_j),
         d(W1 g) = du^T x,  dW1 = d(W1 g) * g,  dg = sum over rows of d(W1 g) * W1.
     (The rstd term: d rstd / dx = -rstd^3 x / C, and sum_j dh_j u_j = sum_j du_j h_j / rstd^2.)
