@@ -212,10 +212,12 @@ def measure(shape: str, variant: str, steps: int) -> dict:
             "threads": torch.get_num_threads(), "device": str(dev)}
 
 
-def paired(shape: str, variants: list[str], pairs: int) -> dict:
-    """All variants in one process, one step of each in turn, `pairs` rounds: machine-speed
-    drift slower than a step hits every variant alike, so the per-round ratios are tighter
-    than those of separate processes (run with --child-paired)."""
+def paired(shape: str, variants: list[str], pairs: int, block: int = 1) -> dict:
+    """All variants in one process, `block` steps of each in turn, `pairs` rounds: machine-speed
+    drift slower than a round hits every variant alike, so the per-round ratios are tighter
+    than those of separate processes (run with --child-paired). With block > 1 the first step
+    of each block is untimed: it brings the variant's weights and optimizer state back into
+    the caches the other variants evicted, so the timed steps run warm, as in training."""
     import torch
 
     from nlq.train import alloc
@@ -227,24 +229,46 @@ def paired(shape: str, variants: list[str], pairs: int) -> dict:
     for r in range(pairs):
         order = variants if r % 2 == 0 else variants[::-1]  # neither always goes first
         for v in order:
+            if block > 1:
+                steps[v](2 + r * block)  # untimed: re-warm the caches for this variant
             sync()
             t0 = time.perf_counter()
-            steps[v](2 + r)
+            for i in range(max(1, block - 1)):
+                steps[v](3 + r * block + i)
             sync()
-            times[v].append(time.perf_counter() - t0)
-    return {"shape": shape, "pairs": pairs, "threads": torch.get_num_threads(),
+            times[v].append((time.perf_counter() - t0) / max(1, block - 1))
+    return {"shape": shape, "pairs": pairs, "block": block, "threads": torch.get_num_threads(),
             "ms_per_step": {v: [1e3 * x for x in ts] for v, ts in times.items()}}
 
 
+def median_ci(xs: list[float], level: float = 0.95) -> tuple[float, float]:
+    """Distribution-free confidence interval of the median (the sign test's): the order
+    statistics x_(k), x_(n-k+1) with k the largest rank whose binomial(n, 1/2) tail
+    P(B < k) stays within (1 - level) / 2. Assumes independent rounds, which adjacent
+    steps on a drifting machine only approximate."""
+    xs, n = sorted(xs), len(xs)
+    k, tail = 0, 0.0
+    while k < n // 2:
+        nxt = tail + math.comb(n, k) / 2 ** n  # P(B <= k)
+        if nxt > (1 - level) / 2:
+            break
+        k, tail = k + 1, nxt
+    if k == 0:  # too few rounds for this level
+        return xs[0], xs[-1]
+    return xs[k - 1], xs[n - k]
+
+
 def report_paired(args, shapes, variants) -> int:
-    print(f"paired, in one process per shape: {args.pairs} rounds of one step per variant; "
+    what = ("one step" if args.block == 1 else
+            f"{args.block} steps (the first untimed)")
+    print(f"paired, in one process per shape: {args.pairs} rounds of {what} per variant; "
           f"ratio = linear's step time over the variant's in the same round")
-    print(f"{'shape':>10} {'variant':>20} {'ms/step':>8} {'ratio':>6} {'IQR':>13} "
-          f"{'range':>13}")
+    print(f"{'shape':>10} {'variant':>20} {'ms/step':>8} {'ratio':>6} {'95% CI':>13} "
+          f"{'IQR':>13} {'range':>13}")
     out = []
     for shape in shapes:
         cmd = [sys.executable, __file__, "--child-paired", shape, ",".join(variants),
-               str(args.pairs)]
+               str(args.pairs), str(args.block)]
         res = subprocess.run(cmd, capture_output=True, text=True)
         if res.returncode != 0:
             sys.stderr.write(res.stderr)
@@ -254,13 +278,16 @@ def report_paired(args, shapes, variants) -> int:
         row["summary"] = {}
         for v in variants:
             r = sorted(a / b for a, b in zip(lin, row["ms_per_step"][v]))
-            q = statistics.quantiles(r, n=4)
+            q = statistics.quantiles(r, n=4) if len(r) > 1 else [r[0]] * 3
+            ci = median_ci(r)
             row["summary"][v] = {"ms_per_step": statistics.median(row["ms_per_step"][v]),
                                  "ratio_vs_linear": statistics.median(r),
+                                 "ratio_median_ci95": list(ci),
                                  "ratio_iqr": [q[0], q[2]], "ratio_range": [r[0], r[-1]]}
             sm = row["summary"][v]
             print(f"{shape:>10} {v:>20} {sm['ms_per_step']:8.1f} {sm['ratio_vs_linear']:6.3f} "
-                  f"{q[0]:6.3f}-{q[2]:.3f} {r[0]:6.3f}-{r[-1]:.3f}", flush=True)
+                  f"{ci[0]:6.3f}-{ci[1]:.3f} {q[0]:6.3f}-{q[2]:.3f} {r[0]:6.3f}-{r[-1]:.3f}",
+                  flush=True)
         out.append(row)
     return out
 
@@ -310,7 +337,10 @@ def main() -> int:
                     help="instead: all variants in one process per shape, one step each in\n"
                          "turn for PAIRS rounds (ratios from adjacent steps; no +glibc)")
     ap.add_argument("--child", nargs=3, metavar=("SHAPE", "VARIANT", "STEPS"), help=argparse.SUPPRESS)
-    ap.add_argument("--child-paired", nargs=3, help=argparse.SUPPRESS)
+    ap.add_argument("--block", type=int, default=1,
+                    help="with --pairs: steps of a variant per round; the first of a block\n"
+                         "is untimed (re-warms its caches), the rest are averaged")
+    ap.add_argument("--child-paired", nargs=4, help=argparse.SUPPRESS)
     ap.add_argument("--out", default=None, help="JSON file (default benchmarks/results/"
                     "train_bench.json,\nor train_bench_paired.json with --pairs)")
     args = ap.parse_args()
@@ -321,8 +351,8 @@ def main() -> int:
         print(json.dumps(measure(args.child[0], args.child[1], int(args.child[2]))))
         return 0
     if args.child_paired:
-        shape, vs, n = args.child_paired
-        print(json.dumps(paired(shape, vs.split(","), int(n))))
+        shape, vs, n, block = args.child_paired
+        print(json.dumps(paired(shape, vs.split(","), int(n), int(block))))
         return 0
     shapes, variants = args.shapes.split(","), args.variants.split(",")
     for sh in shapes:
@@ -332,13 +362,14 @@ def main() -> int:
         parse_variant(v)
     if "linear" not in variants:
         raise SystemExit("train_bench: --variants must include linear (ratios are against it)")
-    if args.repeats < 1 or (args.steps is not None and args.steps < 1):
-        raise SystemExit("train_bench: --repeats and --steps must be >= 1")
+    if args.repeats < 1 or args.block < 1 or (args.steps is not None and args.steps < 1):
+        raise SystemExit("train_bench: --repeats, --block and --steps must be >= 1")
     if args.pairs:
         if any("glibc" in parse_variant(v)[1] for v in variants):
             raise SystemExit("train_bench: +glibc is per process; it cannot be paired in one")
         rows = report_paired(args, shapes, variants)
-        write(args, {"mode": "paired", "pairs": args.pairs}, {"paired": rows})
+        write(args, {"mode": "paired", "pairs": args.pairs, "block": args.block},
+              {"paired": rows})
         return 0
     rows = []
     for r in range(args.repeats):
