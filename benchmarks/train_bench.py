@@ -32,7 +32,7 @@ ran before issue 7.
 
 Usage: python benchmarks/train_bench.py [--shapes tiny,preset,gpt3-small] [--variants ...]
        [--repeats 5] [--steps N] [--out FILE]
-       python benchmarks/train_bench.py --pairs 40 --variants linear,nonlinear [--shapes ...]
+       python benchmarks/train_bench.py --pairs 40 --variants linear,nonlinear [--shapes ...] [--block K]
 Writes benchmarks/results/train_bench.json (hardware, torch, date, commit, every row).
 --pairs: every variant in one process per shape, one step of each in turn; the ratios of
 adjacent steps cancel machine-speed drift that separate processes cannot (on this shared
