@@ -33,7 +33,7 @@ VARIANTS = ["linear", "nonlinear", "nonlinear+modules"]
 
 
 def build(shape: str, variant: str):
-    """(call, tensors whose .grad is reset before each call, rows N, width C)."""
+    """(rows N, width C, a function running one forward + backward with fresh gradients)."""
     import torch
 
     from nlq.config import load_config
@@ -56,9 +56,11 @@ def build(shape: str, variant: str):
     leaves = [x, *q.parameters()]
 
     def call():
+        for t in leaves:
+            t.grad = None
         q(x).backward(dq)
 
-    return call, leaves, N, C
+    return N, C, call
 
 
 def main() -> int:
@@ -86,22 +88,24 @@ def main() -> int:
     print(f"one layer's query, forward + backward, {'warm' if args.warm else 'cold'} caches, "
           f"{args.iters} rounds, {torch.get_num_threads()} threads; median ms per call")
     print(f"{'shape':>10} {'N x C':>10} {'variant':>18} {'ms':>7} {'IQR':>13} {'vs linear':>10}")
+    def evict():
+        if not args.warm:
+            junk.zero_()
+
     for shape in shapes:
-        calls = {v: build(shape, v) for v in VARIANTS}
+        built = {v: build(shape, v) for v in VARIANTS}
+        N, C = built["linear"][:2]
+        calls = {v: b[2] for v, b in built.items()}
         times = {v: [] for v in VARIANTS}
         for _ in range(3):  # warm-up: allocator, oneDNN primitives
-            for call, *_ in calls.values():
+            for call in calls.values():
                 call()
         for _ in range(args.iters):
-            for v, (call, leaves, _, _) in calls.items():
-                for t in leaves:
-                    t.grad = None
-                if not args.warm:
-                    junk.zero_()
+            for v, call in calls.items():
+                evict()
                 t0 = time.perf_counter()
                 call()
                 times[v].append(1e3 * (time.perf_counter() - t0))
-        N, C = calls["linear"][2], calls["linear"][3]
         lin = statistics.median(times["linear"])
         for v in VARIANTS:
             med = statistics.median(times[v])
@@ -114,21 +118,18 @@ def main() -> int:
             from torch.profiler import profile
 
             n = 50
-            for v, (call, leaves, _, _) in calls.items():
+            for v, call in calls.items():
                 with profile(record_shapes=True) as prof:
                     for _ in range(n):
-                        for t in leaves:
-                            t.grad = None
-                        if not args.warm:
-                            junk.zero_()
+                        evict()
                         call()
                 ev = sorted((e for e in prof.key_averages(group_by_input_shape=True)
                              if [junk.numel()] not in e.input_shapes),  # not the eviction
                             key=lambda e: -e.self_cpu_time_total)
                 print(f"  {shape} {v}: self time per call, top ops (profiler overhead included)")
                 for e in ev[:12]:
-                    shapes = ",".join("x".join(map(str, sh)) for sh in e.input_shapes if sh)
-                    print(f"    {e.key[:36]:36} {shapes[:30]:30} "
+                    ins = ",".join("x".join(map(str, sh)) for sh in e.input_shapes if sh)
+                    print(f"    {e.key[:36]:36} {ins[:30]:30} "
                           f"{e.self_cpu_time_total / n / 1e3:7.3f} ms x{e.count / n:.0f}")
     ns = argparse.Namespace(out=args.out)
     train_bench.write(ns, {"mode": "query fwd+bwd per layer", "iters": args.iters,

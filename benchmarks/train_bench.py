@@ -226,6 +226,7 @@ def paired(shape: str, variants: list[str], pairs: int, block: int = 1) -> dict:
     steps = {v: build(shape, v)[2] for v in variants}
     sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
     times = {v: [] for v in variants}
+    timed = max(1, block - 1)  # steps timed per block
     for r in range(pairs):
         order = variants if r % 2 == 0 else variants[::-1]  # neither always goes first
         for v in order:
@@ -233,10 +234,10 @@ def paired(shape: str, variants: list[str], pairs: int, block: int = 1) -> dict:
                 steps[v](2 + r * block)  # untimed: re-warm the caches for this variant
             sync()
             t0 = time.perf_counter()
-            for i in range(max(1, block - 1)):
+            for i in range(timed):
                 steps[v](3 + r * block + i)
             sync()
-            times[v].append((time.perf_counter() - t0) / max(1, block - 1))
+            times[v].append((time.perf_counter() - t0) / timed)
     return {"shape": shape, "pairs": pairs, "block": block, "threads": torch.get_num_threads(),
             "ms_per_step": {v: [1e3 * x for x in ts] for v, ts in times.items()}}
 
