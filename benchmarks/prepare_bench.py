@@ -7,8 +7,8 @@
 
 Both are MB of UTF-8 text per second over --repeat interleaved runs, given for the best run
 (timeit's convention: other processes only ever add time, so the fastest run is the cost of
-the code) and for the median run. Goal: pipeline >= 1.5x bare. Writes benchmarks/results/prepare_bench.json and appends a section to
-benchmarks/RESULTS.md.
+the code) and for the median run. Goal: pipeline >= 1.5x bare. Writes
+benchmarks/results/prepare_bench.json and appends a section to benchmarks/RESULTS.md.
 
     .venv/bin/python benchmarks/prepare_bench.py [--repeat 5] [--workers 2]
 """

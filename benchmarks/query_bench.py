@@ -190,8 +190,8 @@ def ops_table(shape: str, iters: int, evict, cold: bool) -> list[dict]:
                 evict()
                 clock[0] = time.perf_counter()
                 op_sequence(v, q, x, dq, tick)
-            for t in (x, *q.parameters()):  # the module under autograd, cold the same way
-                t.grad = None
+            for leaf in (x, *q.parameters()):  # the module under autograd, cold the same way
+                leaf.grad = None
             evict()
             t0 = time.perf_counter()
             y = q(x)
@@ -261,6 +261,8 @@ def main() -> int:
 
     meta = {"iters": args.iters, "caches": "warm" if args.warm else "cold"}
     if args.ops:
+        print(f"one layer's query op by op, {meta['caches']} caches, {args.iters} rounds, "
+              f"{torch.get_num_threads()} threads")
         rows = [r for sh in shapes for r in ops_table(sh, args.iters, evict, not args.warm)]
         train_bench.write(argparse.Namespace(out=args.out),
                           {"mode": "query ops per layer", **meta}, {"rows": rows})

@@ -32,7 +32,8 @@ ran before issue 7.
 
 Usage: python benchmarks/train_bench.py [--shapes tiny,preset,gpt3-small] [--variants ...]
        [--repeats 5] [--steps N] [--out FILE]
-       python benchmarks/train_bench.py --pairs 40 --variants linear,nonlinear [--shapes ...] [--block K]
+       python benchmarks/train_bench.py --pairs 40 --variants linear,nonlinear [--shapes ...]
+       [--block K]
 Writes benchmarks/results/train_bench.json (hardware, torch, date, commit, every row).
 --pairs: every variant in one process per shape, one step of each in turn; the ratios of
 adjacent steps cancel machine-speed drift that separate processes cannot (on this shared
@@ -337,7 +338,8 @@ def main() -> int:
     ap.add_argument("--pairs", type=int, default=0,
                     help="instead: all variants in one process per shape, one step each in\n"
                          "turn for PAIRS rounds (ratios from adjacent steps; no +glibc)")
-    ap.add_argument("--child", nargs=3, metavar=("SHAPE", "VARIANT", "STEPS"), help=argparse.SUPPRESS)
+    ap.add_argument("--child", nargs=3, metavar=("SHAPE", "VARIANT", "STEPS"),
+                    help=argparse.SUPPRESS)
     ap.add_argument("--block", type=int, default=1,
                     help="with --pairs: steps of a variant per round; the first of a block\n"
                          "is untimed (re-warms its caches), the rest are averaged")
