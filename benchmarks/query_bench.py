@@ -39,7 +39,8 @@ VARIANTS = ["linear", "nonlinear", "nonlinear+modules"]
 
 
 def build(shape: str, variant: str):
-    """(rows N, width C, a function running one forward + backward with fresh gradients)."""
+    """(rows N, width C, a function running one forward + backward with fresh gradients,
+    (the query module, its input x, the upstream gradient dq) that function uses)."""
     import torch
 
     from nlq.config import load_config
@@ -165,30 +166,30 @@ def ops_table(shape: str, iters: int, evict, cold: bool) -> list[dict]:
         built[v] = (q, x, dq)
     times: dict[str, dict[str, list[float]]] = {v: {} for v in variants}
     gemms: set[str] = set()
-    clock = [0.0]
-    current = [variants[0]]
+    clock, current = 0.0, variants[0]
 
     def tick(name, gemm=False):
+        nonlocal clock
         t = time.perf_counter()
         if name is None:  # between forward and backward: cold again, clock restarts
             evict()
             t = time.perf_counter()
         else:
-            times[current[0]].setdefault(name, []).append(1e3 * (t - clock[0]))
+            times[current].setdefault(name, []).append(1e3 * (t - clock))
             if gemm:
                 gemms.add(name)
-        clock[0] = t
+        clock = t
 
     for i in range(iters + 3):
         if i == 3:  # after the warm-up
             for v in variants:
                 times[v].clear()
         for v in variants:
-            current[0] = v
+            current = v
             q, x, dq = built[v]
             with torch.no_grad():
                 evict()
-                clock[0] = time.perf_counter()
+                clock = time.perf_counter()
                 op_sequence(v, q, x, dq, tick)
             for leaf in (x, *q.parameters()):  # the module under autograd, cold the same way
                 leaf.grad = None
