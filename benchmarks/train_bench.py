@@ -11,10 +11,10 @@ batch schedule).
     (nlq/model/params.py).
 
 Shapes: "tiny" is the tiny anchor shape of RESULTS.md (4 layers, d=256, 8 heads, V=8192, B=8,
-T=256: 2048 rows of 256, small enough for a 2-core CPU, large enough that GEMMs dominate);
-"preset" is nlq's own tiny preset, the model of the README's main command (4 layers, d=128,
-T=128, B=8); "gpt3-small" is the paper's GPT-3 small (docs/paper.md, "The training recipe")
-at a CPU-sized batch (B=1, T=256). Not in the default list: "gpt3-small-gpu", GPT-3 small at the paper's micro-batch (12 x 1024), for a GPU
+T=256: the attention sees 2048 rows of 256); "preset" is nlq's own tiny preset, the model of
+the README's main command (4 layers, d=128, T=128, B=8); "gpt3-small" is the paper's GPT-3
+small (docs/paper.md, "The training recipe") at a CPU-sized batch (B=1, T=256). Not in the
+default list: "gpt3-small-gpu", GPT-3 small at the paper's micro-batch (12 x 1024), for a GPU
 (on CUDA the step runs under bf16 autocast and MFU is against a bf16 8192^3 matmul; use
 +compile for torch.compile, AdamW is fused and SDPA picks its flash kernel).
 
