@@ -1,4 +1,4 @@
-"""Throughput of `nlq prepare` (issue 4): the whole pipeline vs a bare single-thread tiktoken.
+"""Throughput of `nlq prepare`: the whole pipeline vs a bare single-thread tiktoken.
 
   pipeline  prepare(source=embedded, tokenizer=gpt2, workers=2, force=True) in this process:
             read and clean the plays, split, tokenize, write and fsync the shards, meta.json
@@ -7,28 +7,30 @@
 
 Both are MB of UTF-8 text per second over --repeat interleaved runs, given for the best run
 (timeit's convention: other processes only ever add time, so the fastest run is the cost of
-the code) and for the median run. Goal: pipeline >= 1.5x bare. Writes
-benchmarks/results/prepare_bench.json and appends a section to benchmarks/RESULTS.md.
+the code) and for the median run. Goal: pipeline >= 1.5x bare, i.e. with two workers,
+preparing data is clearly faster than the plainest single-thread tokenization despite the
+reading, cleaning and writing it adds. Writes
+benchmarks/results/prepare_bench-<date>-<commit>.json (benchmarks/record.py) and appends a
+section citing it to benchmarks/RESULTS.md.
 
-    .venv/bin/python benchmarks/prepare_bench.py [--repeat 5] [--workers 2]
+    .venv/bin/python benchmarks/prepare_bench.py [--repeat 5] [--workers 2] [--allow-dirty]
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime as dt
-import json
 import os
-import platform
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+# this checkout's nlq (not an installed one), and record.py beside this file
+sys.path[:0] = [str(ROOT), str(Path(__file__).resolve().parent)]
+
+import record
 
 from nlq.data import sources
 from nlq.data.prepare import prepare
@@ -37,33 +39,15 @@ from nlq.data.tokenizers import gpt2_encoding
 GOAL = 1.5
 
 
-def git_commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True,
-                              text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-
-
-def cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--source", default="embedded")
-    ap.add_argument("--out", default=str(ROOT / "benchmarks/results/prepare_bench.json"))
     ap.add_argument("--no-append", action="store_true", help="do not append to RESULTS.md")
+    record.add_arguments(ap)
     a = ap.parse_args()
+    rec = record.Recorder("prepare_bench", a)  # refuses a dirty tree before measuring
 
     docs = [d for d in sources.open_source(a.source).docs() if d.strip()]
     n_bytes = sum(len(d.encode("utf-8")) for d in docs)
@@ -95,10 +79,9 @@ def main() -> int:
     # Other processes take cores from the 2 workers, not from the single-thread baseline.
     load = round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None
     import tiktoken
-    import torch
 
     result = {
-        "benchmark": "prepare_bench", "source": a.source, "tokenizer": "gpt2",
+        "source": a.source, "tokenizer": "gpt2",
         "workers": a.workers, "repeat": a.repeat, "text_mb": round(mb, 3), "docs": len(docs),
         "tokens": tokens,
         "pipeline_mb_s": round(pipe, 2), "bare_single_thread_mb_s": round(bare, 2),
@@ -107,13 +90,7 @@ def main() -> int:
                    round(bare_med, 2), "ratio": round(ratio_med, 3)},
         "load_average_1min": load,
         "pipeline_s": [round(s, 4) for s in pipe_s], "bare_s": [round(s, 4) for s in bare_s],
-        "hardware": {"cpu": cpu_name(), "cores": os.cpu_count(),
-                     "platform": platform.platform()},
-        "versions": {"python": platform.python_version(), "torch": torch.__version__,
-                     "tiktoken": tiktoken.__version__},
-        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "git_commit": git_commit(),
-        "command": " ".join(["python", "benchmarks/prepare_bench.py", *sys.argv[1:]]),
+        "tiktoken": tiktoken.__version__,
     }
     print(f"text: {mb:.2f} MB, {len(docs)} docs, {tokens:,} tokens ({a.source}, gpt2)")
     print("                                          best run     median run")
@@ -124,25 +101,27 @@ def main() -> int:
     if load is not None:
         print(f"load average (1 min) at the end: {load:.2f} on {os.cpu_count()} cores")
 
-    out = Path(a.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n")
+    path = rec.write(result)
     if not a.no_append:
-        append_results(result)
+        append_results(rec, result, path)
     return 0
 
 
-def append_results(r: dict) -> None:
-    m = r["median"]
+def append_results(rec: record.Recorder, r: dict, path: Path) -> None:
+    m, hw = r["median"], record.hardware()
+    # RESULTS.md cites its files relative to itself, results/...
+    bench_dir = ROOT / "benchmarks"
+    cited = path.relative_to(bench_dir) if path.is_relative_to(bench_dir) else path
     md = ROOT / "benchmarks/RESULTS.md"
     if not md.exists():
         md.write_text("# Benchmark results\n\nMeasured figures, newest last. Each section names "
                       "the command, hardware, date and commit.\n")
     with open(md, "a") as f:
         f.write(
-            f"\n## prepare_bench ({r['date'][:10]}, commit {r['git_commit'][:10]})\n\n"
-            f"`{r['command']}` on {r['hardware']['cpu']} ({r['hardware']['cores']} cores), "
-            f"torch {r['versions']['torch']}, tiktoken {r['versions']['tiktoken']}.\n"
+            f"\n## prepare_bench ({rec.date[:10]}, commit {rec.commit[:7]}"
+            f"{' + uncommitted changes' if rec.dirty else ''})\n\n"
+            f"`{rec.command}` on {hw['cpu']} ({hw['cores']} cores), "
+            f"torch {hw['torch']}, tiktoken {r['tiktoken']}; `{cited}`.\n"
             f"Corpus {r['source']}: {r['text_mb']} MB, {r['docs']} docs, {r['tokens']:,} gpt2 "
             f"tokens; {r['repeat']} interleaved runs, 1-min load average at the end "
             f"{r['load_average_1min']}.\n\n"

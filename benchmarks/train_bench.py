@@ -10,9 +10,10 @@ batch schedule).
     MFU = flops_per_token(cfg) * tokens/s / matmul peak, flops_per_token = 6N + 12 L d T
     (nlq/model/params.py).
 
-Shapes: "tiny" is issue 7's anchor (4 layers, d=256, 8 heads, V=8192, B=8, T=256); "preset"
-is nlq's own tiny preset, the model of the README's main command (4 layers, d=128, T=128,
-B=8); "gpt3-small" is PAPER.md's GPT-3 small at a CPU-sized batch (B=1, T=256). Not in the
+Shapes: "tiny" is the tiny anchor shape of RESULTS.md (4 layers, d=256, 8 heads, V=8192, B=8,
+T=256: the attention sees 2048 rows of 256); "preset" is nlq's own tiny preset, the model of
+the README's main command (4 layers, d=128, T=128, B=8); "gpt3-small" is the paper's GPT-3
+small (docs/paper.md, "The training recipe") at a CPU-sized batch (B=1, T=256). Not in the
 default list: "gpt3-small-gpu", GPT-3 small at the paper's micro-batch (12 x 1024), for a GPU
 (on CUDA the step runs under bf16 autocast and MFU is against a bf16 8192^3 matmul; use
 +compile for torch.compile, AdamW is fused and SDPA picks its flash kernel).
@@ -20,35 +21,35 @@ default list: "gpt3-small-gpu", GPT-3 small at the paper's micro-batch (12 x 102
 Variants: a query (linear, nonlinear, identity, residual) or "reference", a plain
 nanoGPT-style model written below from the design (fused QKV, logits + F.cross_entropy), to
 check nlq's linear arm is never slower. Modifiers after "+" change how a variant runs:
-  +logits   the loss from materialised (N, V) logits + F.cross_entropy (nlq's path before
-            issue 7) instead of nlq/model/loss.py's chunked loss;
+  +logits   the loss from materialised (N, V) logits + F.cross_entropy (nlq's path before its
+            CPU fast paths) instead of nlq/model/loss.py's chunked loss;
   +glibc    glibc's default malloc thresholds instead of nlq/train/alloc.py's;
   +compile  train.compile = true (torch.compile of every block);
-  +modules  the nonlinear query as plain nn modules, without its fused CPU autograd node
-            (nlq/model/query.py, _NonlinearQueryCPU).
+  +modules  every step under nlq.model.kernels.disabled(): the hand-written CPU autograd
+            kernels (the nonlinear query's fused node among them) off, each module on its
+            plain reference path.
 Every variant runs as `nlq train` would (the allocator tuning applies to the reference too,
 so that comparison is about the model code); "linear+logits+glibc" is nlq's linear arm as it
-ran before issue 7.
+ran before its CPU fast paths (RESULTS.md, "train_bench after the CPU fast paths").
 
 Usage: python benchmarks/train_bench.py [--shapes tiny,preset,gpt3-small] [--variants ...]
-       [--repeats 5] [--steps N] [--out FILE]
+       [--repeats 5] [--steps N] [--allow-dirty] [--results-dir DIR]
        python benchmarks/train_bench.py --pairs 40 --variants linear,nonlinear [--shapes ...]
        [--block K]
-Writes benchmarks/results/train_bench.json (hardware, torch, date, commit, every row).
 --pairs: every variant in one process per shape, one step of each in turn; the ratios of
 adjacent steps cancel machine-speed drift that separate processes cannot (on this shared
-2-core machine the matmul peak moves by +-10% between processes). Written to
-train_bench_paired.json.
+2-core machine the matmul peak moves by +-10% between processes).
+Writes benchmarks/results/train_bench-<date>-<commit>.json (benchmarks/record.py: hardware,
+torch, date, commit, command; results.mode says which of the two ran).
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime
+import contextlib
 import json
 import math
 import os
-import platform
 import resource
 import statistics
 import subprocess
@@ -56,14 +57,19 @@ import sys
 import time
 from pathlib import Path
 
+# this checkout's nlq (not an installed one), and record.py beside this file
+sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parent)]
+
+import record
+
 SHAPES = {
-    # issue 7's anchor config: 4 layers, d=256, 8 heads, vocab 8192, B=8, T=256
+    # the tiny anchor shape: 4 layers, d=256, 8 heads, vocab 8192, B=8, T=256
     "tiny": ("tiny", {"model.n_layer": 4, "model.d_model": 256, "model.n_head": 8,
                       "model.vocab_size": 8192, "model.block_size": 256,
                       "model.mlp_hidden": 1024, "train.micro_batch": 8}),
     # nlq's tiny preset as the README's main command trains it (one micro-batch of 8 x 128)
     "preset": ("tiny", {}),
-    # GPT-3 small shapes (PAPER.md) at a CPU-sized batch
+    # GPT-3 small shapes (docs/paper.md, "The training recipe") at a CPU-sized batch
     "gpt3-small": ("gpt3-small", {"train.micro_batch": 1, "model.block_size": 256}),
     # GPT-3 small as the paper trains it, one micro-batch of 12 x 1024 (for a GPU)
     "gpt3-small-gpu": ("gpt3-small", {}),
@@ -90,8 +96,8 @@ def build(shape: str, variant: str):
     and returns the loader's share of its time in seconds."""
     import numpy as np
     import torch
-    import torch.nn as nn
     import torch.nn.functional as F
+    from torch import nn
 
     from nlq.config import load_config
     from nlq.data.schedule import train_batch
@@ -112,11 +118,11 @@ def build(shape: str, variant: str):
             super().__init__()
             C = m.d_model
             self.wte, self.wpe = nn.Embedding(m.vocab_size, C), nn.Embedding(m.block_size, C)
-            self.blocks = nn.ModuleList(nn.ModuleDict(dict(
-                ln1=nn.LayerNorm(C, bias=False), attn=nn.Linear(C, 3 * C, bias=False),
-                proj=nn.Linear(C, C, bias=False), ln2=nn.LayerNorm(C, bias=False),
-                fc=nn.Linear(C, m.mlp_width, bias=False),
-                out=nn.Linear(m.mlp_width, C, bias=False))) for _ in range(m.n_layer))
+            self.blocks = nn.ModuleList(nn.ModuleDict({
+                "ln1": nn.LayerNorm(C, bias=False), "attn": nn.Linear(C, 3 * C, bias=False),
+                "proj": nn.Linear(C, C, bias=False), "ln2": nn.LayerNorm(C, bias=False),
+                "fc": nn.Linear(C, m.mlp_width, bias=False),
+                "out": nn.Linear(m.mlp_width, C, bias=False)}) for _ in range(m.n_layer))
             self.ln_f = nn.LayerNorm(C, bias=False)
             # GPT-2 / nanoGPT init: N(0, 0.02), residual projections / sqrt(2 L). With torch's
             # defaults (N(0, 1) embeddings, tied to the head) the logits start huge, softmax
@@ -140,10 +146,12 @@ def build(shape: str, variant: str):
             return logits, F.cross_entropy(logits.view(B * T, -1), targets.reshape(-1))
 
     model = (Ref() if base == "reference" else Transformer(m)).to(dev)
+    # per step, not per process: in --pairs mode the variants alternate in one process
+    paths = contextlib.nullcontext
     if "modules" in mods:
-        for mod in model.modules():
-            if hasattr(mod, "cpu_fast_path"):
-                mod.cpu_fast_path = False
+        from nlq.model import kernels
+
+        paths = kernels.disabled
     if t.compile:
         for block in model.blocks:  # as nlq/train/loop.py does
             block.compile()
@@ -160,9 +168,10 @@ def build(shape: str, variant: str):
         w = train_batch(data, 1, i, 0, B, 1, T)  # (B, T+1)
         x, y = w[:, :-1].to(dev), w[:, 1:].to(dev)
         t_load = time.perf_counter() - t0
-        with amp:
-            _, loss = model(x, y, **kw)
-        loss.backward()
+        with paths():
+            with amp:
+                _, loss = model(x, y, **kw)
+            loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
         return t_load
@@ -271,7 +280,7 @@ def report_paired(args, shapes, variants) -> int:
     for shape in shapes:
         cmd = [sys.executable, __file__, "--child-paired", shape, ",".join(variants),
                str(args.pairs), str(args.block)]
-        res = subprocess.run(cmd, capture_output=True, text=True)
+        res = subprocess.run(cmd, capture_output=True, text=True, check=False)
         if res.returncode != 0:
             sys.stderr.write(res.stderr)
             raise SystemExit(f"train_bench: paired {shape} failed (exit {res.returncode})")
@@ -294,39 +303,6 @@ def report_paired(args, shapes, variants) -> int:
     return out
 
 
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def write(args, mode: dict, body: dict) -> None:
-    git = lambda *a: subprocess.run(["git", *a], capture_output=True, text=True,  # noqa: E731
-                                    cwd=Path(__file__).parent).stdout.strip()
-    import torch
-
-    meta = {"date": datetime.datetime.now().isoformat(timespec="seconds"),
-            "commit": git("rev-parse", "--short", "HEAD"),
-            # code changes only: the results file itself is rewritten by every run
-            "dirty": bool(git("status", "--porcelain", "--untracked-files=no", "--", ":/",
-                              ":(exclude,top)benchmarks/results")),
-            "torch": torch.__version__, "python": platform.python_version(),
-            "cpu": cpu_name(), "machine": platform.machine(), "cpu_count": os.cpu_count(),
-            "intra_op_threads": torch.get_num_threads(),
-            "cuda": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
-            "loadavg_1min": os.getloadavg()[0], **mode,
-            "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]])}
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps({"meta": meta, **body}, indent=2))
-    print(f"\nwrote {args.out} ({meta['date']}, commit {meta['commit']}"
-          f"{' + uncommitted changes' if meta['dirty'] else ''}, {meta['cpu']}, "
-          f"load {meta['loadavg_1min']:.1f})")
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--shapes", default=CPU_SHAPES)
@@ -344,12 +320,8 @@ def main() -> int:
                     help="with --pairs: steps of a variant per round; the first of a block\n"
                          "is untimed (re-warms its caches), the rest are averaged")
     ap.add_argument("--child-paired", nargs=4, help=argparse.SUPPRESS)
-    ap.add_argument("--out", default=None, help="JSON file (default benchmarks/results/"
-                    "train_bench.json,\nor train_bench_paired.json with --pairs)")
+    record.add_arguments(ap)
     args = ap.parse_args()
-    if args.out is None:
-        name = "train_bench_paired.json" if args.pairs else "train_bench.json"
-        args.out = str(Path(__file__).parent / "results" / name)
     if args.child:
         print(json.dumps(measure(args.child[0], args.child[1], int(args.child[2]))))
         return 0
@@ -367,12 +339,13 @@ def main() -> int:
         raise SystemExit("train_bench: --variants must include linear (ratios are against it)")
     if args.repeats < 1 or args.block < 1 or (args.steps is not None and args.steps < 1):
         raise SystemExit("train_bench: --repeats, --block and --steps must be >= 1")
+    rec = record.Recorder("train_bench", args)  # refuses a dirty tree before measuring
     if args.pairs:
         if any("glibc" in parse_variant(v)[1] for v in variants):
             raise SystemExit("train_bench: +glibc is per process; it cannot be paired in one")
         rows = report_paired(args, shapes, variants)
-        write(args, {"mode": "paired", "pairs": args.pairs, "block": args.block},
-              {"paired": rows})
+        rec.write({"mode": "paired", "pairs": args.pairs, "block": args.block,
+                   **run_state(), "paired": rows})
         return 0
     rows = []
     for r in range(args.repeats):
@@ -380,7 +353,7 @@ def main() -> int:
             steps = args.steps or STEPS[shape]
             for v in variants:
                 out = subprocess.run([sys.executable, __file__, "--child", shape, v, str(steps)],
-                                     capture_output=True, text=True)
+                                     capture_output=True, text=True, check=False)
                 if out.returncode != 0:
                     sys.stderr.write(out.stderr)
                     raise SystemExit(f"train_bench: {shape}/{v} failed (exit {out.returncode})")
@@ -408,9 +381,16 @@ def main() -> int:
                   f"{s['mfu']:6.1%} {s['ratio_vs_linear']:6.3f} "
                   f"{min(ratios):6.3f}-{max(ratios):.3f} {s['loader_frac']:7.2%} "
                   f"{s['peak_mem_mb']:7.0f}")
-    write(args, {"mode": "separate processes", "repeats": args.repeats},
-          {"summary": summary, "rows": rows})
+    rec.write({"mode": "separate processes", "repeats": args.repeats, **run_state(),
+               "summary": summary, "rows": rows})
     return 0
+
+
+def run_state() -> dict:
+    """What the machine was doing: on a shared machine the load explains noisy figures."""
+    import torch
+
+    return {"intra_op_threads": torch.get_num_threads(), "loadavg_1min": os.getloadavg()[0]}
 
 
 if __name__ == "__main__":

@@ -5,22 +5,19 @@ the end-of-text token), tokenizer.json for a trained bpe:N, and meta.json, which
 nlq.data.schedule.TokenData.open reads.
 
 The split is by document and seeded (default seed 2357 and, for OpenWebText, val fraction
-0.0005: the paper's nanoGPT recipe, PAPER.md). A source held in memory gets exactly
-max(1, round(f * n_docs)) validation documents, drawn with numpy's default_rng(seed); a
-streamed source of unknown length sends document i to val when a counter-seeded uniform
-u(seed, i) < f. Either way the same input and seed give byte-identical shards, whatever
---workers is.
+0.0005: the paper's nanoGPT recipe, docs/paper.md, "The training recipe"). A source held in
+memory gets exactly max(1, round(f * n_docs)) validation documents, drawn with numpy's
+default_rng(seed); a streamed source of unknown length sends document i to val when a
+counter-seeded uniform u(seed, i) < f. Either way the same input and seed give byte-identical
+shards, whatever --workers is.
 
-Crash safety: everything is written to *.tmp files and fsynced; only then is the old
-meta.json removed, the shards renamed into place and meta.json written last (tmp + rename).
-An interrupted run leaves no meta.json, so its folder never looks complete, and a run that
-fails on bad input touches nothing already prepared.
+Crash safety: the shards are written as *.tmp files and moved into place with meta.json last
+(nlq/data/shards.py), so an interrupted or failed run never leaves a folder that looks complete.
 """
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import multiprocessing as mp
 import os
@@ -35,13 +32,14 @@ import numpy as np
 from nlq import __version__
 from nlq.data import sources, tokenizers
 from nlq.data.schedule import TokenData
+from nlq.data.shards import ShardWriter, commit
 from nlq.errors import NlqError
-from nlq.fsutil import fsync, write_atomic
 
 DEFAULT_SOURCE = "embedded"
 DEFAULT_TOKENIZER = "bpe:8192"  # the tiny preset reads data/embedded-bpe8192
-DEFAULT_SEED = 2357  # PAPER.md: the validation split of OpenWebText uses seed 2357
-PAPER_VAL_FRACTION = 0.0005  # PAPER.md: 0.05% of OpenWebText
+# docs/paper.md, "The training recipe": OpenWebText's validation split is 0.05%, seed 2357
+DEFAULT_SEED = 2357
+PAPER_VAL_FRACTION = 0.0005
 SMALL_VAL_FRACTION = 0.05  # 2 of the 38 embedded plays: enough text to evaluate on
 # The shortest split we accept: one window of 256 tokens + 1 target. A floor that catches a
 # split too small to evaluate on; TokenData.check enforces each model's own block_size.
@@ -187,32 +185,7 @@ def make_pool(workers: int, spec: str, path: str | None):
             os.environ["TOKENIZERS_PARALLELISM"] = before
 
 
-# ---------------------------------------------------------------- files
-
-class ShardWriter:
-    """Appends arrays to DIR/NAME.tmp, hashing as it goes."""
-
-    def __init__(self, path: Path):
-        self.path, self.tmp = path, path.with_name(path.name + ".tmp")
-        self.f = open(self.tmp, "wb")  # noqa: SIM115 (closed by close())
-        self.sha, self.n = hashlib.sha256(), 0
-
-    def write(self, arr: np.ndarray) -> None:
-        b = arr.tobytes()
-        self.f.write(b)
-        self.sha.update(b)
-        self.n += len(arr)
-
-    def close(self) -> None:
-        if not self.f.closed:
-            self.f.flush()
-            os.fsync(self.f.fileno())
-            self.f.close()
-
-
-def _write_json_atomic(path: Path, obj: dict) -> None:
-    write_atomic(path, json.dumps(obj, indent=2) + "\n", strict=False)
-
+# ---------------------------------------------------------------- an earlier output
 
 def _existing(out: Path, args: dict) -> dict | None:
     """meta of a finished output made with the same args; None if there is nothing finished
@@ -370,18 +343,3 @@ def write_shards(src: sources.Source, split: Split, tok, tok_key: tuple,
     for w in writers:
         w.close()
     return counts
-
-
-def commit(out: Path, writers: list[ShardWriter], tok_tmp: Path | None, meta: dict) -> None:
-    """Move the finished .tmp files into place. The folder stops looking complete (no
-    meta.json) before any file changes, and meta.json comes last."""
-    (out / "meta.json").unlink(missing_ok=True)
-    fsync(out, strict=False)
-    for w in writers:
-        os.replace(w.tmp, w.path)
-    if tok_tmp is not None:
-        os.replace(tok_tmp, out / "tokenizer.json")
-    else:
-        (out / "tokenizer.json").unlink(missing_ok=True)  # from an earlier bpe:N run
-    fsync(out, strict=False)
-    _write_json_atomic(out / "meta.json", meta)

@@ -1,6 +1,7 @@
 """The batch schedule: every arm sees the same windows in the same order, with no index files.
 
-The official code stores the shared sample order in index files of several GB (PAPER.md).
+The official code stores the shared sample order in index files of several GB (docs/paper.md,
+"Known defects of the official code").
 Here a window's start is a pure function of (data seed, step, global window index), drawn
 from a counter-seeded numpy generator, so the schedule costs O(1) memory and a resumed run
 continues with exactly the batch it would have seen: the only state is the step number.
@@ -35,7 +36,7 @@ class TokenData:
     val: np.ndarray
 
     @classmethod
-    def open(cls, dir: str | Path) -> "TokenData":
+    def open(cls, dir: str | Path) -> TokenData:
         d = Path(dir)
         meta_path = d / "meta.json"
         if d.exists() and not d.is_dir():

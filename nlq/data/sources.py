@@ -9,8 +9,9 @@ A source spec is one string:
   PATH                a .txt/.jsonl/.parquet file, a folder of them, or a glob: one document per
                       .txt file, per .jsonl line, per .parquet row (field --text-field)
 
-Why these document units: the train/val split is by document (issue 4), so a document should
-be a whole work. Plays are 20-30k words each, so 5% of the 38 plays (2) is a fair validation
+Why these document units: the train/val split is by document (no validation text was seen in
+training, not even a neighbouring paragraph of the same work), so a document should be a
+whole work. Plays are 20-30k words each, so 5% of the 38 plays (2) is a fair validation
 set of unseen plays. Bible books are far from equal in size (Obadiah vs Psalms), so there a
 document is a chapter (1,189 of them) and 5% of documents is close to 5% of the text.
 

