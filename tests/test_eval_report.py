@@ -57,13 +57,18 @@ LOSSES = {  # arm -> seed -> eval losses at STEPS
 }
 
 
-@pytest.fixture
-def experiment(tmp_path):
-    data = tmp_path / "data"
+def data_meta(data: Path) -> Path:
+    """A data dir with only meta.json: described in the report, no unigram reference."""
     data.mkdir()
     (data / "meta.json").write_text(json.dumps({"tokenizer": "bpe:8192", "vocab_size": 8192,
                                                 "dtype": "uint16", "train_tokens": 123456,
                                                 "val_tokens": 6789}))
+    return data
+
+
+@pytest.fixture
+def experiment(tmp_path):
+    data = data_meta(tmp_path / "data")
     exp = tmp_path / "exp"
     for arm, seeds in LOSSES.items():
         for seed, losses in seeds.items():
@@ -141,17 +146,24 @@ def test_report_numbers_recomputed_from_metrics(experiment, tmp_path):
     assert img.ndim == 3 and img.shape[0] > 500 and img.shape[1] > 500 and img.shape[2] in (3, 4)
 
 
-def test_one_seed_ordering_and_strong_baseline(tmp_path):
-    exp = tmp_path / "exp"
+def ordering_runs(exp: Path, data_dir: Path | None = None) -> Path:
+    """Five arms: three seeds of linear, linear+12.5%, nonlinear and a QK-norm arm qk, one
+    seed of identity."""
     qk_noise = (0.01, -0.012, 0.003)  # nonlinear - qk = -0.01, +0.012, -0.003: spans 0
     for seed, shift in ((0, 0.0), (1, 0.02), (2, -0.01)):
-        make_run(exp, "linear", seed, [9, 6, 5, 4.50 + shift])
+        make_run(exp, "linear", seed, [9, 6, 5, 4.50 + shift], data_dir=data_dir)
         make_run(exp, "linear+12.5%", seed, [9, 6, 5, 4.45 + shift],
-                 {"model.mlp_hidden": 1152})
-        make_run(exp, "nonlinear", seed, [9, 6, 5, 4.40 + shift], {"model.query": "nonlinear"})
+                 {"model.mlp_hidden": 1152}, data_dir=data_dir)
+        make_run(exp, "nonlinear", seed, [9, 6, 5, 4.40 + shift], {"model.query": "nonlinear"},
+                 data_dir=data_dir)
         make_run(exp, "qk", seed, [9, 6, 5, 4.40 + shift + qk_noise[seed]],
-                 {"model.qk_norm": True})
-    make_run(exp, "identity", 0, [9, 6, 5, 4.6], {"model.query": "identity"})
+                 {"model.qk_norm": True}, data_dir=data_dir)
+    make_run(exp, "identity", 0, [9, 6, 5, 4.6], {"model.query": "identity"}, data_dir=data_dir)
+    return exp
+
+
+def test_one_seed_ordering_and_strong_baseline(tmp_path):
+    exp = ordering_runs(tmp_path / "exp")
     rep = build_report([exp], tmp_path / "out")
     arms = {a["arm"]: a for a in rep["arms"]}
     assert arms["identity"]["verdict"] == ("identity: 1 seed: no interval, a single observation "
@@ -167,6 +179,24 @@ def test_one_seed_ordering_and_strong_baseline(tmp_path):
     assert "not distinguishable from qk" in s["answer"]
     md = (tmp_path / "out" / "report.md").read_text()
     assert "(1 seed, no CI)" in md and "holds here" in md and "QK-norm baseline qk" in md
+
+
+GOLDEN_MD = Path(__file__).parent / "golden" / "report_synthetic.md"
+
+
+def synthetic_report(tmp_path: Path) -> str:
+    """report.md of a fixed set of runs (every section but Notes), paths written as <TMP>."""
+    data = data_meta(tmp_path / "data")
+    exp = ordering_runs(tmp_path / "exp", data)
+    make_run(exp, "nonlinear", 3, [9.0, 6.0], {"model.query": "nonlinear"}, finished=False,
+             data_dir=data)
+    build_report([exp], tmp_path / "out", title="synthetic")
+    return (tmp_path / "out" / "report.md").read_text().replace(str(tmp_path), "<TMP>")
+
+
+def test_markdown_of_fixed_runs_is_unchanged(tmp_path):
+    """Byte for byte the report.md written before the report was split into modules."""
+    assert synthetic_report(tmp_path) == GOLDEN_MD.read_text()
 
 
 def test_run_without_arm_json_uses_folder_and_config_seed(tmp_path):
