@@ -12,7 +12,9 @@ import matplotlib.image
 import pytest
 
 from nlq.config import load_config
-from nlq.eval.report import build_report, collect
+from nlq.eval.report import build_report
+from nlq.eval.runs import collect
+from nlq.experiments.experiment import experiment_toml, load_experiment
 
 T975_1 = 12.706204736174707  # t_{0.975, 1}: two seeds -> 1 degree of freedom
 STEPS = [0, 10, 20, 30]
@@ -57,6 +59,14 @@ LOSSES = {  # arm -> seed -> eval losses at STEPS
 }
 
 
+def declare_paper(exp: Path) -> Path:
+    """exp/experiment.toml as `nlq reproduce` writes it for the paper experiment: the report
+    reads the paper's ordering and figures from there."""
+    exp.mkdir(parents=True, exist_ok=True)
+    (exp / "experiment.toml").write_text(experiment_toml(load_experiment("paper")))
+    return exp
+
+
 def data_meta(data: Path) -> Path:
     """A data dir with only meta.json: described in the report, no unigram reference."""
     data.mkdir()
@@ -77,7 +87,7 @@ def experiment(tmp_path):
     # a third nonlinear seed that stopped at step 20: listed, not counted
     make_run(exp, "nonlinear", 2, [9.0, 6.0, 5.0], {"model.query": "nonlinear"},
              finished=False, data_dir=data)
-    return exp
+    return declare_paper(exp)
 
 
 def final_losses(exp: Path, arm: str) -> dict[int, float]:
@@ -128,7 +138,8 @@ def test_report_numbers_recomputed_from_metrics(experiment, tmp_path):
     assert arms["nonlinear"]["params_non_embedding_vs_baseline_pct"] == pytest.approx(10.0)
     assert arms["nonlinear"]["params_total_vs_baseline_pct"] == pytest.approx(100 / 30)
     # -2.22% and -1.09%: the interval with 1 degree of freedom spans 0
-    assert "not distinguishable from linear at this scale with 2 seeds" in arms["nonlinear"]["verdict"]
+    assert ("not distinguishable from linear at this scale with 2 seeds"
+            in arms["nonlinear"]["verdict"])
 
     assert saved["data"]["meta"][str(tmp_path / "data")]["tokenizer"] == "bpe:8192"
     [inc] = saved["incomplete"]
@@ -163,7 +174,7 @@ def ordering_runs(exp: Path, data_dir: Path | None = None) -> Path:
 
 
 def test_one_seed_ordering_and_strong_baseline(tmp_path):
-    exp = ordering_runs(tmp_path / "exp")
+    exp = declare_paper(ordering_runs(tmp_path / "exp"))
     rep = build_report([exp], tmp_path / "out")
     arms = {a["arm"]: a for a in rep["arms"]}
     assert arms["identity"]["verdict"] == ("identity: 1 seed: no interval, a single observation "
@@ -173,7 +184,7 @@ def test_one_seed_ordering_and_strong_baseline(tmp_path):
                                                    "(paired 95% CI ")
     o = rep["ordering"]
     assert o["holds_in_means"] and o["separated_by_intervals"]
-    assert o["arms"] == {"nonlinear": "nonlinear", "wider": "linear+12.5%", "baseline": "linear"}
+    assert o["arms"] == ["nonlinear", "linear+12.5%", "linear"]
     [s] = rep["strong_baseline"]
     assert s["strong_baseline"] == "qk" and s["survives"] == "no"
     assert "not distinguishable from qk" in s["answer"]
@@ -187,7 +198,7 @@ GOLDEN_MD = Path(__file__).parent / "golden" / "report_synthetic.md"
 def synthetic_report(tmp_path: Path) -> str:
     """report.md of a fixed set of runs (every section but Notes), paths written as <TMP>."""
     data = data_meta(tmp_path / "data")
-    exp = ordering_runs(tmp_path / "exp", data)
+    exp = declare_paper(ordering_runs(tmp_path / "exp", data))
     make_run(exp, "nonlinear", 3, [9.0, 6.0], {"model.query": "nonlinear"}, finished=False,
              data_dir=data)
     build_report([exp], tmp_path / "out", title="synthetic")
@@ -195,8 +206,34 @@ def synthetic_report(tmp_path: Path) -> str:
 
 
 def test_markdown_of_fixed_runs_is_unchanged(tmp_path):
-    """Byte for byte the report.md written before the report was split into modules."""
+    """Byte for byte the report.md written before the report was split into modules and the
+    paper's figures moved into nlq/experiments/paper.toml."""
     assert synthetic_report(tmp_path) == GOLDEN_MD.read_text()
+
+
+def test_claims_come_only_from_the_experiment(tmp_path):
+    """Runs of no declared experiment: no ordering line, no paper section; the same runs
+    with --experiment paper get both, as with the experiment.toml that reproduce writes."""
+    exp = ordering_runs(tmp_path / "exp")
+    bare = build_report([exp], tmp_path / "bare")
+    md = (tmp_path / "bare" / "report.md").read_text()
+    assert bare["ordering"] is None and bare["paper"] is None
+    assert "ordering" not in md and "paper" not in md and "2603.13381" not in md
+    assert bare["strong_baseline"]  # the QK-norm question needs no declaration
+
+    from nlq.cli import main
+
+    assert main(["report", str(exp), "--experiment", "paper", "--out",
+                 str(tmp_path / "declared")]) == 0
+    declared = json.loads((tmp_path / "declared" / "report.json").read_text())
+    assert declared["ordering"]["holds_in_means"]
+    assert declared["paper"] == load_experiment("paper").claims.reference
+    declare_paper(exp)
+    found = build_report([exp / "runs" / "linear" / "seed0", exp / "runs" / "nonlinear"],
+                         tmp_path / "found")
+    assert found["paper"] == declared["paper"]
+    assert found["ordering"]["answer"].startswith("The paper's ordering nonlinear < "
+                                                  "linear+12.5% < linear cannot be checked")
 
 
 def test_run_without_arm_json_uses_folder_and_config_seed(tmp_path):
@@ -242,7 +279,8 @@ def test_cli_report(experiment, tmp_path, capsys):
 
     from nlq.cli import main
 
-    assert main(["report", str(experiment), "--baseline", "nope", "--out", str(tmp_path / "o")]) == 2
+    assert main(["report", str(experiment), "--baseline", "nope", "--out",
+                 str(tmp_path / "o")]) == 2
     assert capsys.readouterr().err.startswith("nlq: error: baseline arm 'nope'")
     empty = tmp_path / "empty"
     empty.mkdir()
