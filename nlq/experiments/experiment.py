@@ -70,11 +70,15 @@ def load_experiment(name_or_file: str | Path) -> Experiment:
         raise NlqError(f"{path}: baseline {baseline!r} is not one of its arms "
                        f"({', '.join(arms)})")
     for key in ("hypothesis", "reference"):
-        if isinstance(raw.get(key), str):  # the claim of another experiment, e.g. "paper"
+        seen = [path.stem]
+        while isinstance(raw.get(key), str):  # the claim of another experiment, e.g. "paper"
+            if raw[key] in seen:
+                raise NlqError(f"{path}: {key} refers back to itself ({' -> '.join(seen)})")
+            seen.append(raw[key])
             other = read_toml(experiment_path(raw[key]))
-            if key not in other or isinstance(other[key], str):
+            if key not in other:
                 raise NlqError(f"{path}: {key} = {raw[key]!r}, but that experiment declares "
-                               f"no [{key}] table")
+                               f"no {key}")
             raw[key] = other[key]
     base = raw.get("base", {})
     if not isinstance(base, dict):
