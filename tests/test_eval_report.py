@@ -287,3 +287,34 @@ def test_cli_report(experiment, tmp_path, capsys):
     r = run_cli(empty, "--out", tmp_path / "o", cwd=tmp_path)
     assert r.returncode == 2
     assert r.stderr.count("\n") == 1 and r.stderr.startswith("nlq: error: no run in")
+
+
+@pytest.mark.parametrize("raw,match", [
+    ({"hypothesis": {"ordering": ["nonlinear"]}}, "2 or more distinct"),
+    ({"hypothesis": {"ordering": ["a", "a"]}}, "2 or more distinct"),
+    ({"hypothesis": {"order": ["a", "b"]}}, r"\[hypothesis\] holds one key"),
+    ({"reference": {"cite": "x", "setting": "y"}}, "figures"),
+    ({"reference": {"cite": "x", "setting": "y", "figures": [{"arm": "a"}]}}, "version"),
+    ({"reference": {"cite": "x", "setting": "y",
+                    "figures": [{"version": "v", "arm": "a", "val_loss": "2.9"}]}}, "val_loss"),
+])
+def test_bad_claims_name_the_key(raw, match):
+    from nlq.errors import NlqError
+    from nlq.eval.claims import claims_from_dict
+
+    with pytest.raises(NlqError, match=match):
+        claims_from_dict(raw, "e.toml")
+
+
+def test_runs_of_experiments_with_different_claims_need_a_choice(tmp_path):
+    from nlq.errors import NlqError
+
+    a = declare_paper(tmp_path / "a")
+    make_run(a, "linear", 0, [9, 6, 5, 4.5])
+    b = tmp_path / "b"
+    make_run(b, "linear", 1, [9, 6, 5, 4.6])
+    (b / "experiment.toml").write_text('[hypothesis]\nordering = ["nonlinear", "linear"]\n')
+    with pytest.raises(NlqError, match="--experiment"):
+        build_report([a, b], tmp_path / "out")
+    rep = build_report([a, b], tmp_path / "out", claims=load_experiment("encoder").claims)
+    assert rep["ordering"]["arms"] == ["nonlinear", "linear+12.5%", "linear"]
