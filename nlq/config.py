@@ -401,18 +401,6 @@ def preset_path(name: str) -> Path:
     return p
 
 
-def split_arms(raw: dict) -> tuple[dict, dict[str, dict]]:
-    """A preset/experiment file holds config sections plus an optional [arms] table."""
-    raw = dict(raw)
-    arms = raw.pop("arms", {})
-    if not isinstance(arms, dict):
-        raise NlqError("'arms' must be a table of named arms")
-    for name, a in arms.items():
-        if not isinstance(a, dict):
-            raise NlqError(f"arm {name!r} must be a table of config overrides, got {a!r}")
-    return raw, {name: flatten(a) for name, a in arms.items()}
-
-
 def load_config(source: str | Path | None = None, sets: dict[str, Any] | None = None) -> Config:
     """source: a TOML file, a preset name, or None (the defaults). A file may name a base
     preset with `preset = "tiny"` at its top; its own sections then override the preset."""
@@ -426,12 +414,11 @@ def load_config(source: str | Path | None = None, sets: dict[str, Any] | None = 
                        f"name")
     else:
         raw = read_toml(preset_path(str(source)))
-    raw, _ = split_arms(raw)
     base = raw.pop("preset", None)
     if base is not None:
         if not isinstance(base, str):
             raise NlqError(f"config key 'preset' must be a preset name, got {base!r}")
-        base_raw, _ = split_arms(read_toml(preset_path(base)))
+        base_raw = read_toml(preset_path(base))
         base_raw.pop("preset", None)
         raw = apply_overrides(base_raw, flatten(raw))
     return from_dict(apply_overrides(raw, sets or {}))

@@ -12,7 +12,9 @@ import matplotlib.image
 import pytest
 
 from nlq.config import load_config
-from nlq.eval.report import build_report, collect
+from nlq.eval.report import build_report
+from nlq.eval.runs import collect
+from nlq.experiments.experiment import experiment_toml, load_experiment
 
 T975_1 = 12.706204736174707  # t_{0.975, 1}: two seeds -> 1 degree of freedom
 STEPS = [0, 10, 20, 30]
@@ -57,13 +59,26 @@ LOSSES = {  # arm -> seed -> eval losses at STEPS
 }
 
 
-@pytest.fixture
-def experiment(tmp_path):
-    data = tmp_path / "data"
+def declare_paper(exp: Path) -> Path:
+    """exp/experiment.toml as `nlq reproduce` writes it for the paper experiment: the report
+    reads the paper's ordering and figures from there."""
+    exp.mkdir(parents=True, exist_ok=True)
+    (exp / "experiment.toml").write_text(experiment_toml(load_experiment("paper")))
+    return exp
+
+
+def data_meta(data: Path) -> Path:
+    """A data dir with only meta.json: described in the report, no unigram reference."""
     data.mkdir()
     (data / "meta.json").write_text(json.dumps({"tokenizer": "bpe:8192", "vocab_size": 8192,
                                                 "dtype": "uint16", "train_tokens": 123456,
                                                 "val_tokens": 6789}))
+    return data
+
+
+@pytest.fixture
+def experiment(tmp_path):
+    data = data_meta(tmp_path / "data")
     exp = tmp_path / "exp"
     for arm, seeds in LOSSES.items():
         for seed, losses in seeds.items():
@@ -72,7 +87,7 @@ def experiment(tmp_path):
     # a third nonlinear seed that stopped at step 20: listed, not counted
     make_run(exp, "nonlinear", 2, [9.0, 6.0, 5.0], {"model.query": "nonlinear"},
              finished=False, data_dir=data)
-    return exp
+    return declare_paper(exp)
 
 
 def final_losses(exp: Path, arm: str) -> dict[int, float]:
@@ -123,7 +138,8 @@ def test_report_numbers_recomputed_from_metrics(experiment, tmp_path):
     assert arms["nonlinear"]["params_non_embedding_vs_baseline_pct"] == pytest.approx(10.0)
     assert arms["nonlinear"]["params_total_vs_baseline_pct"] == pytest.approx(100 / 30)
     # -2.22% and -1.09%: the interval with 1 degree of freedom spans 0
-    assert "not distinguishable from linear at this scale with 2 seeds" in arms["nonlinear"]["verdict"]
+    assert ("not distinguishable from linear at this scale with 2 seeds"
+            in arms["nonlinear"]["verdict"])
 
     assert saved["data"]["meta"][str(tmp_path / "data")]["tokenizer"] == "bpe:8192"
     [inc] = saved["incomplete"]
@@ -141,17 +157,24 @@ def test_report_numbers_recomputed_from_metrics(experiment, tmp_path):
     assert img.ndim == 3 and img.shape[0] > 500 and img.shape[1] > 500 and img.shape[2] in (3, 4)
 
 
-def test_one_seed_ordering_and_strong_baseline(tmp_path):
-    exp = tmp_path / "exp"
+def ordering_runs(exp: Path, data_dir: Path | None = None) -> Path:
+    """Five arms: three seeds of linear, linear+12.5%, nonlinear and a QK-norm arm qk, one
+    seed of identity."""
     qk_noise = (0.01, -0.012, 0.003)  # nonlinear - qk = -0.01, +0.012, -0.003: spans 0
     for seed, shift in ((0, 0.0), (1, 0.02), (2, -0.01)):
-        make_run(exp, "linear", seed, [9, 6, 5, 4.50 + shift])
+        make_run(exp, "linear", seed, [9, 6, 5, 4.50 + shift], data_dir=data_dir)
         make_run(exp, "linear+12.5%", seed, [9, 6, 5, 4.45 + shift],
-                 {"model.mlp_hidden": 1152})
-        make_run(exp, "nonlinear", seed, [9, 6, 5, 4.40 + shift], {"model.query": "nonlinear"})
+                 {"model.mlp_hidden": 1152}, data_dir=data_dir)
+        make_run(exp, "nonlinear", seed, [9, 6, 5, 4.40 + shift], {"model.query": "nonlinear"},
+                 data_dir=data_dir)
         make_run(exp, "qk", seed, [9, 6, 5, 4.40 + shift + qk_noise[seed]],
-                 {"model.qk_norm": True})
-    make_run(exp, "identity", 0, [9, 6, 5, 4.6], {"model.query": "identity"})
+                 {"model.qk_norm": True}, data_dir=data_dir)
+    make_run(exp, "identity", 0, [9, 6, 5, 4.6], {"model.query": "identity"}, data_dir=data_dir)
+    return exp
+
+
+def test_one_seed_ordering_and_strong_baseline(tmp_path):
+    exp = declare_paper(ordering_runs(tmp_path / "exp"))
     rep = build_report([exp], tmp_path / "out")
     arms = {a["arm"]: a for a in rep["arms"]}
     assert arms["identity"]["verdict"] == ("identity: 1 seed: no interval, a single observation "
@@ -161,12 +184,56 @@ def test_one_seed_ordering_and_strong_baseline(tmp_path):
                                                    "(paired 95% CI ")
     o = rep["ordering"]
     assert o["holds_in_means"] and o["separated_by_intervals"]
-    assert o["arms"] == {"nonlinear": "nonlinear", "wider": "linear+12.5%", "baseline": "linear"}
+    assert o["arms"] == ["nonlinear", "linear+12.5%", "linear"]
     [s] = rep["strong_baseline"]
     assert s["strong_baseline"] == "qk" and s["survives"] == "no"
     assert "not distinguishable from qk" in s["answer"]
     md = (tmp_path / "out" / "report.md").read_text()
     assert "(1 seed, no CI)" in md and "holds here" in md and "QK-norm baseline qk" in md
+
+
+GOLDEN_MD = Path(__file__).parent / "golden" / "report_synthetic.md"
+
+
+def synthetic_report(tmp_path: Path) -> str:
+    """report.md of a fixed set of runs (every section but Notes), paths written as <TMP>."""
+    data = data_meta(tmp_path / "data")
+    exp = declare_paper(ordering_runs(tmp_path / "exp", data))
+    make_run(exp, "nonlinear", 3, [9.0, 6.0], {"model.query": "nonlinear"}, finished=False,
+             data_dir=data)
+    build_report([exp], tmp_path / "out", title="synthetic")
+    return (tmp_path / "out" / "report.md").read_text().replace(str(tmp_path), "<TMP>")
+
+
+def test_markdown_of_fixed_runs_is_unchanged(tmp_path):
+    """Byte for byte the report.md written before the report was split into modules and the
+    paper's figures moved into nlq/experiments/paper.toml."""
+    assert synthetic_report(tmp_path) == GOLDEN_MD.read_text()
+
+
+def test_claims_come_only_from_the_experiment(tmp_path):
+    """Runs of no declared experiment: no ordering line, no paper section; the same runs
+    with --experiment paper get both, as with the experiment.toml that reproduce writes."""
+    exp = ordering_runs(tmp_path / "exp")
+    bare = build_report([exp], tmp_path / "bare")
+    md = (tmp_path / "bare" / "report.md").read_text()
+    assert bare["ordering"] is None and bare["paper"] is None
+    assert "ordering" not in md and "paper" not in md and "2603.13381" not in md
+    assert bare["strong_baseline"]  # the QK-norm question needs no declaration
+
+    from nlq.cli import main
+
+    assert main(["report", str(exp), "--experiment", "paper", "--out",
+                 str(tmp_path / "declared")]) == 0
+    declared = json.loads((tmp_path / "declared" / "report.json").read_text())
+    assert declared["ordering"]["holds_in_means"]
+    assert declared["paper"] == load_experiment("paper").claims.reference
+    declare_paper(exp)
+    found = build_report([exp / "runs" / "linear" / "seed0", exp / "runs" / "nonlinear"],
+                         tmp_path / "found")
+    assert found["paper"] == declared["paper"]
+    assert found["ordering"]["answer"].startswith("The paper's ordering nonlinear < "
+                                                  "linear+12.5% < linear cannot be checked")
 
 
 def test_run_without_arm_json_uses_folder_and_config_seed(tmp_path):
@@ -212,10 +279,42 @@ def test_cli_report(experiment, tmp_path, capsys):
 
     from nlq.cli import main
 
-    assert main(["report", str(experiment), "--baseline", "nope", "--out", str(tmp_path / "o")]) == 2
+    assert main(["report", str(experiment), "--baseline", "nope", "--out",
+                 str(tmp_path / "o")]) == 2
     assert capsys.readouterr().err.startswith("nlq: error: baseline arm 'nope'")
     empty = tmp_path / "empty"
     empty.mkdir()
     r = run_cli(empty, "--out", tmp_path / "o", cwd=tmp_path)
     assert r.returncode == 2
     assert r.stderr.count("\n") == 1 and r.stderr.startswith("nlq: error: no run in")
+
+
+@pytest.mark.parametrize("raw,match", [
+    ({"hypothesis": {"ordering": ["nonlinear"]}}, "2 or more distinct"),
+    ({"hypothesis": {"ordering": ["a", "a"]}}, "2 or more distinct"),
+    ({"hypothesis": {"order": ["a", "b"]}}, r"\[hypothesis\] holds one key"),
+    ({"reference": {"cite": "x", "setting": "y"}}, "figures"),
+    ({"reference": {"cite": "x", "setting": "y", "figures": [{"arm": "a"}]}}, "version"),
+    ({"reference": {"cite": "x", "setting": "y",
+                    "figures": [{"version": "v", "arm": "a", "val_loss": "2.9"}]}}, "val_loss"),
+])
+def test_bad_claims_name_the_key(raw, match):
+    from nlq.errors import NlqError
+    from nlq.eval.claims import claims_from_dict
+
+    with pytest.raises(NlqError, match=match):
+        claims_from_dict(raw, "e.toml")
+
+
+def test_runs_of_experiments_with_different_claims_need_a_choice(tmp_path):
+    from nlq.errors import NlqError
+
+    a = declare_paper(tmp_path / "a")
+    make_run(a, "linear", 0, [9, 6, 5, 4.5])
+    b = tmp_path / "b"
+    make_run(b, "linear", 1, [9, 6, 5, 4.6])
+    (b / "experiment.toml").write_text('[hypothesis]\nordering = ["nonlinear", "linear"]\n')
+    with pytest.raises(NlqError, match="--experiment"):
+        build_report([a, b], tmp_path / "out")
+    rep = build_report([a, b], tmp_path / "out", claims=load_experiment("encoder").claims)
+    assert rep["ordering"]["arms"] == ["nonlinear", "linear+12.5%", "linear"]

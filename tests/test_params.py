@@ -1,5 +1,6 @@
-"""Exact parameter counts: `nlq params` prints the paper's table (PAPER.md), the counts equal
-a closed form and a real model's count, and grow_non_embedding_pct picks the closest width.
+"""Exact parameter counts: `nlq params` prints the paper's table (docs/paper.md, "Parameter
+counts"), the counts equal a closed form and a real model's count, and grow_non_embedding_pct
+picks the closest width.
 """
 
 from __future__ import annotations
@@ -16,14 +17,16 @@ import torch
 
 from nlq.cli import main
 from nlq.config import ModelConfig, load_config
-from nlq.experiments.arms import preset_arms, resolve_arm
+from nlq.experiments.arms import resolve_arm
+from nlq.experiments.experiment import experiment_arms, load_experiment, shipped_experiments
 from nlq.model.params import count_params, mlp_width_for_pct
 from nlq.model.transformer import Transformer
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# PAPER.md, "Parameter counts": (name, query, mlp, total, non-embedding, vs baseline %)
-PAPER = [
+# docs/paper.md, "Parameter counts" (name, query, mlp, total, non-embedding, vs baseline %);
+# residual's count is linear's (docs/paper.md, "The other arms": Q = X + X W_Q)
+COUNTS = [
     ("linear", "linear", 3072, 124_373_760, 84_953_856, 0.0),
     ("nonlinear", "nonlinear", 3072, 124_392_192, 84_972_288, 0.022),
     ("linear+12.5%", "linear", 3648, 134_990_592, 95_570_688, 12.497),
@@ -51,14 +54,14 @@ def test_nlq_params_json_is_the_paper_table(json_run):
     lines = stdout.strip().splitlines()
     assert len(lines) == 1  # exactly one JSON object
     obj = json.loads(lines[0])
-    assert set(obj) == {"preset", "arms"}
-    assert obj["preset"] == "gpt3-small"
+    assert set(obj) == {"experiment", "preset", "arms"}
+    assert (obj["experiment"], obj["preset"]) == ("paper", "gpt3-small")
     keys = {"name", "query", "mlp_hidden", "total", "non_embedding", "vs_baseline_pct"}
     for arm in obj["arms"]:
         assert set(arm) == keys
     got = [(a["name"], a["query"], a["mlp_hidden"], a["total"], a["non_embedding"],
             a["vs_baseline_pct"]) for a in obj["arms"]]
-    assert got == PAPER
+    assert got == COUNTS
 
 
 def test_nlq_params_text_table_rows(capsys):
@@ -73,6 +76,8 @@ def test_nlq_params_text_table_rows(capsys):
         "| identity | 3072 | 117,295,872 | 77,875,968 | -8.331% |",
         "| residual | 3072 | 124,373,760 | 84,953,856 | 0% |",
     ]
+    # the arm that differs from linear+12.5% in its lr only is named, not counted twice
+    assert "linear+12.5%-lr: the model of linear+12.5%" in stdout
 
 
 # ---------------------------------------------------------------------------------------
@@ -102,10 +107,10 @@ def closed_form(cfg: ModelConfig) -> tuple[int, int]:
 
 @pytest.fixture(scope="module")
 def gpt3_arms():
-    return preset_arms("gpt3-small")
+    return experiment_arms(load_experiment("paper"), "gpt3-small")
 
 
-@pytest.mark.parametrize("arm", [a[0] for a in PAPER])
+@pytest.mark.parametrize("arm", [a[0] for a in COUNTS])
 def test_paper_arms_match_closed_form(arm, gpt3_arms):
     cfg = gpt3_arms[arm].model
     assert count_params(cfg) == closed_form(cfg)
@@ -113,9 +118,10 @@ def test_paper_arms_match_closed_form(arm, gpt3_arms):
 
 @pytest.mark.parametrize(
     "kw",
-    [dict(query="linear"), dict(query="nonlinear", bias=True), dict(query="identity"),
-     dict(query="residual", tie_embeddings=False), dict(query="nonlinear", n_kv_head=2),
-     dict(query="linear", pos_emb="rope", n_kv_head=1), dict(query="nonlinear", nl_rank=5)],
+    [{"query": "linear"}, {"query": "nonlinear", "bias": True}, {"query": "identity"},
+     {"query": "residual", "tie_embeddings": False}, {"query": "nonlinear", "n_kv_head": 2},
+     {"query": "linear", "pos_emb": "rope", "n_kv_head": 1},
+     {"query": "nonlinear", "nl_rank": 5}],
     ids=str,
 )
 def test_count_params_equals_real_model_and_closed_form(kw):
@@ -163,12 +169,28 @@ def test_computed_width_on_tiny_is_the_closest(pct):
     assert miss(h) < miss(h - 2) and miss(h) < miss(h + 2)
 
 
-def test_tiny_preset_arm_widths():
-    arms = preset_arms("tiny")
-    assert list(arms) == ["linear", "nonlinear", "linear+12.5%", "identity", "residual"]
+def test_paper_arm_widths_on_tiny():
+    arms = experiment_arms(load_experiment("paper"), "tiny")
+    assert list(arms) == ["linear", "nonlinear", "linear+12.5%", "linear+12.5%-lr", "identity",
+                          "residual"]
     assert arms["linear+12.5%"].model.mlp_hidden == 608  # 4.75 x 128, as 3648 = 4.75 x 768
     assert {a.model.query for a in arms.values()} == {"linear", "nonlinear", "identity",
                                                       "residual"}
+
+
+def test_each_arm_is_one_recipe_in_every_experiment():
+    """An arm named in two experiments is the same config in both (arms.toml holds it once);
+    on gpt3-small the nonlinear arm is 4/3 of the baseline lr, 8e-4, with weight decay 0.05."""
+    seen: dict[str, object] = {}
+    for name in shipped_experiments():
+        exp = load_experiment(name)
+        if exp.base:  # e.g. the encoder: another model, the same recipes on top of it
+            continue
+        for arm, cfg in experiment_arms(exp, "gpt3-small").items():
+            assert seen.setdefault(arm, cfg) == cfg, (name, arm)
+    nl = seen["nonlinear"].train
+    assert (nl.lr, nl.min_lr, nl.weight_decay) == (pytest.approx(8e-4), pytest.approx(8e-5), 0.05)
+    assert seen["linear"].train.lr == 6e-4
 
 
 def test_lr_scale_arm_scales_lr_and_min_lr():
@@ -179,8 +201,8 @@ def test_lr_scale_arm_scales_lr_and_min_lr():
     assert cfg.model.mlp_hidden == 3648
 
 
-def test_preset_arms_apply_sets_to_every_arm():
-    arms = preset_arms("tiny", {"model.n_layer": 2})
+def test_experiment_arms_apply_sets_to_every_arm():
+    arms = experiment_arms(load_experiment("paper"), "tiny", {"model.n_layer": 2})
     assert all(a.model.n_layer == 2 for a in arms.values())
     # the computed width is recomputed for the overridden base, not copied from the preset
     base = load_config("tiny", {"model.n_layer": 2}).model
@@ -209,13 +231,18 @@ def test_bad_arm_names_the_key(arm, match):
         resolve_arm(load_config("tiny"), arm, "a")
 
 
-def test_params_table_of_a_preset_without_arms(tmp_path, monkeypatch):
-    from nlq.model.cli import params_table
+def test_params_table_of_any_preset_and_experiment_file(tmp_path, monkeypatch):
+    from nlq.experiments.cli import params_table
 
     (tmp_path / "bare.toml").write_text("[model]\nn_layer = 2\nd_model = 64\nn_head = 4\n"
                                         "vocab_size = 100\nblock_size = 32\n")
     monkeypatch.setattr("nlq.config.PRESET_DIR", tmp_path)
-    rows = params_table("bare")
+    exp = tmp_path / "two.toml"
+    exp.write_text('baseline = "identity"\narms = ["identity", "nonlinear"]\n')
+    rows = params_table(str(exp), "bare")
     cfg = load_config("bare").model
-    assert [(r["name"], r["total"], r["vs_baseline_pct"]) for r in rows] == [
-        ("bare", count_params(cfg)[0], 0.0)]
+    counts = {q: count_params(dataclasses.replace(cfg, query=q))[1]
+              for q in ("identity", "nonlinear")}
+    pct = round(100 * (counts["nonlinear"] - counts["identity"]) / counts["identity"], 3)
+    assert [(r["name"], r["non_embedding"], r["vs_baseline_pct"]) for r in rows] == [
+        ("identity", counts["identity"], 0.0), ("nonlinear", counts["nonlinear"], pct)]

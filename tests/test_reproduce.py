@@ -9,7 +9,9 @@ import pytest
 from helpers import make_data, metrics, nlq, ok, snapshot
 
 from nlq.config import load_config
+from nlq.errors import NlqError
 from nlq.eval.stats import mean_ci, paired
+from nlq.experiments.experiment import experiment_toml, load_experiment, shipped_experiments
 
 EXPERIMENT = """
 name = "mini"
@@ -37,6 +39,29 @@ def reproduce(tmp_path, out, **env):
     sets = [a for s in SETS + [f'data.dir="{data}"'] for a in ("--set", s)]
     return nlq("reproduce", "--experiment", exp, "--seeds", "2", "--out", out, "--jobs", "2",
                *sets, timeout=600, **env)
+
+
+def tmp_experiment(out):
+    return out.parent / "mini.toml"
+
+
+@pytest.mark.parametrize("name", shipped_experiments())
+def test_written_experiment_reads_back_the_same(name, tmp_path):
+    """OUT/experiment.toml: arms written out as recipes and claims as tables, so a report
+    or a rerun needs neither arms.toml nor the experiment it referred to."""
+    exp = load_experiment(name)
+    (tmp_path / "e.toml").write_text(experiment_toml(exp))
+    assert load_experiment(tmp_path / "e.toml") == exp
+
+
+def test_experiment_arm_names_come_from_arms_toml(tmp_path):
+    p = tmp_path / "e.toml"
+    p.write_text('arms = ["linear", "nonlinaer"]\n')
+    with pytest.raises(NlqError, match="unknown arm 'nonlinaer'"):
+        load_experiment(p)
+    p.write_text('arms = ["linear"]\nhypothesis = "encoder"\nreference = "encoder"\n')
+    exp = load_experiment(p)
+    assert exp.claims == load_experiment("paper").claims  # encoder declares paper's claims
 
 
 @pytest.fixture(scope="module")
@@ -77,6 +102,9 @@ def test_report_numbers_recomputed_from_run_dirs(experiment):
     png = (out / "fig1.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n"
     assert "nonlinear" in (out / "report.md").read_text()
+    # the experiment as run, next to its runs; it declares no ordering and no paper figures
+    assert load_experiment(out / "experiment.toml") == load_experiment(tmp_experiment(out))
+    assert rep["ordering"] is None and rep["paper"] is None
 
 
 def test_arms_share_batches_and_pair_seeds(experiment):

@@ -1,9 +1,9 @@
 """Statistics over seeds: mean with a 95% t-interval, and paired comparisons against a baseline.
 
-The paper ran one seed per arm (PAPER.md); here every arm may have several seeds, and two
-arms are compared seed by seed (same init seed, same batch schedule), so the interval is the
-paired one: a t-interval over the per-seed differences. With one value there is no interval:
-`lo`/`hi` are None, never a made-up width.
+The paper ran one seed per arm (docs/paper.md, "The paper's numbers"); here every arm may
+have several seeds, and two arms are compared seed by seed (same init seed, same batch
+schedule), so the interval is the paired one: a t-interval over the per-seed differences.
+With one value there is no interval: `lo`/`hi` are None, never a made-up width.
 
 Legend: p probability, df degrees of freedom.
 """

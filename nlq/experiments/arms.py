@@ -1,20 +1,37 @@
-"""Arms: named overrides of a base config, as written in presets and experiment files.
+"""Arms: named overrides of a base config. Each is written once, in arms.toml beside this
+file; an experiment lists the arms it runs by name (or, as OUT/experiment.toml does, writes
+their recipes out in full).
 
 An arm is a table of dotted config keys (`model.query = "nonlinear"`) plus two computed
 keys: `grow_non_embedding_pct = P` sets model.mlp_hidden to the width that adds P% of
 non-embedding parameters (the paper's "+12.5%" baseline), and `lr_scale = s` multiplies
-train.lr and train.min_lr (the paper also ran that arm at lr / sqrt(1.125)).
+train.lr and train.min_lr (the paper also ran that arm at lr / sqrt(1.125); docs/paper.md,
+"The other arms").
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
-from nlq.config import Config, apply_overrides, from_dict, load_config, preset_path, read_toml, split_arms
+from nlq.config import Config, apply_overrides, flatten, from_dict, read_toml
 from nlq.errors import NlqError
 from nlq.model.params import mlp_width_for_pct
 
+ARMS_FILE = Path(__file__).with_name("arms.toml")
 COMPUTED = ("grow_non_embedding_pct", "lr_scale")
+
+
+def recipe(raw: Any, name: str) -> dict[str, Any]:
+    """An arm's table as flat dotted keys (its values are checked by resolve_arm)."""
+    if not isinstance(raw, dict):
+        raise NlqError(f"arm {name!r} must be a table of config overrides, got {raw!r}")
+    return flatten(raw)
+
+
+def named_arms() -> dict[str, dict[str, Any]]:
+    """Every arm of arms.toml: name -> recipe, in file order."""
+    return {name: recipe(raw, name) for name, raw in read_toml(ARMS_FILE).items()}
 
 
 def resolve_arm(base: Config, arm: dict[str, Any], name: str = "arm") -> Config:
@@ -39,10 +56,3 @@ def resolve_arm(base: Config, arm: dict[str, Any], name: str = "arm") -> Config:
         extra["train.lr"] = cfg.train.lr * s
         extra["train.min_lr"] = cfg.train.min_lr * s
     return cfg.replace(**extra) if extra else cfg
-
-
-def preset_arms(preset: str, sets: dict[str, Any] | None = None) -> dict[str, Config]:
-    """The arms of a preset, each resolved against the preset (plus --set overrides)."""
-    base = load_config(preset, sets)
-    _, arms = split_arms(read_toml(preset_path(preset)))
-    return {name: resolve_arm(base, arm, name) for name, arm in arms.items()}

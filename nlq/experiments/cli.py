@@ -1,10 +1,81 @@
-"""Experiment commands: `nlq reproduce` (the paper's comparison end to end) and
-`nlq report RUN_DIR...` (statistics, report.md/json and Fig. 1 from finished runs)."""
+"""Experiment commands: `nlq params` (exact parameter counts of an experiment's arms),
+`nlq reproduce` (the paper's comparison end to end) and `nlq report RUN_DIR...` (statistics,
+report.md/json and Fig. 1 from finished runs)."""
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
+
+# ---------------------------------------------------------------------------------------
+# nlq params
+
+
+def params_table(experiment: str = "paper", preset: str = "gpt3-small",
+                 sets: dict | None = None) -> list[dict]:
+    """One row per distinct model among the experiment's arms: an arm whose model equals an
+    earlier arm's (it differs in training only, e.g. linear+12.5%-lr) is left out, its name
+    kept in the earlier row's same_model."""
+    from nlq.experiments.experiment import experiment_arms, load_experiment
+    from nlq.model.params import count_params, pct_vs
+
+    exp = load_experiment(experiment)
+    rows: list[dict] = []
+    for name, cfg in experiment_arms(exp, preset, sets).items():
+        twin = next((r for r in rows if r["model"] == cfg.model), None)
+        if twin is not None:
+            twin["same_model"].append(name)
+            continue
+        total, non_emb = count_params(cfg.model)
+        rows.append({"name": name, "query": cfg.model.query, "mlp_hidden": cfg.model.mlp_width,
+                     "total": total, "non_embedding": non_emb, "model": cfg.model,
+                     "computed": "grow_non_embedding_pct" in exp.arms[name], "same_model": []})
+    base = next((r for r in rows if r["name"] == exp.baseline), rows[0])
+    for r in rows:
+        r["vs_baseline_pct"] = round(pct_vs(r["non_embedding"], base["non_embedding"]), 3)
+        r["baseline"] = r is base
+    return rows
+
+
+def add_params_arguments(p) -> None:
+    p.add_argument("--experiment", default="paper", metavar="NAME|FILE",
+                   help="whose arms to count: a shipped experiment (paper, strong-baseline, "
+                        "encoder) or a TOML file (default: paper)")
+    p.add_argument("--preset", default="gpt3-small", help="preset name (default: gpt3-small)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="config override applied to every arm, e.g. model.n_layer=6")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def run_params(args) -> int:
+    from nlq.config import parse_sets
+
+    rows = params_table(args.experiment, args.preset, parse_sets(args.set))
+    if args.json:
+        keys = ("name", "query", "mlp_hidden", "total", "non_embedding", "vs_baseline_pct")
+        print(json.dumps({"experiment": args.experiment, "preset": args.preset,
+                          "arms": [{k: r[k] for k in keys} for r in rows]}))
+        return 0
+    base = next(r["name"] for r in rows if r["baseline"])
+    print(f"experiment {args.experiment}, preset {args.preset}: non-embedding = total minus "
+          f"token and position embeddings")
+    print(f"| arm | MLP | total | non-embedding | vs {base} |")
+    print("|---|---|---|---|---|")
+    for r in rows:
+        vs = "-" if r["baseline"] else _fmt_pct(r["vs_baseline_pct"])
+        name = r["name"].replace("+", " +") + " (computed)" if r["computed"] else r["name"]
+        print(f"| {name} | {r['mlp_hidden']} | {r['total']:,} | "
+              f"{r['non_embedding']:,} | {vs} |")
+    for r in rows:
+        for twin in r["same_model"]:
+            print(f"{twin}: the model of {r['name']} (the arms differ in training only)")
+    return 0
+
+
+def _fmt_pct(p: float) -> str:
+    return "0%" if p == 0 else f"{p:+.3f}%"
+
 
 # ---------------------------------------------------------------------------------------
 # nlq reproduce
@@ -61,31 +132,33 @@ def add_report_arguments(p) -> None:
     p.add_argument("--baseline", default="linear", metavar="ARM",
                    help="arm every other arm is compared to (default: linear)")
     p.add_argument("--title", default=None, help="report title (default: from the folder)")
+    p.add_argument("--experiment", default=None, metavar="NAME|FILE",
+                   help="the experiment whose ordering and reference figures the report checks "
+                        "and shows (default: the experiment.toml that `nlq reproduce` wrote "
+                        "into the folder; none: neither)")
 
 
 def run_report(args) -> int:
-    from nlq.eval.report import build_report
+    from nlq.eval.report import build_report, print_summary
+    from nlq.experiments.experiment import load_experiment
 
     dirs = [Path(d) for d in args.run_dirs]
     single_exp = len(dirs) == 1 and dirs[0].is_dir() and not (dirs[0] / "config.toml").exists()
     out = Path(args.out) if args.out else (dirs[0] if single_exp else Path("report"))
     title = args.title or (f"nlq report: {dirs[0].resolve().name}" if single_exp else "nlq report")
-    rep = build_report(dirs, out, baseline=args.baseline, title=title)
+    claims = load_experiment(args.experiment).claims if args.experiment else None
+    rep = build_report(dirs, out, baseline=args.baseline, title=title, claims=claims)
     print(f"wrote {out / 'report.md'}, {out / 'report.json'}, {out / 'fig1.png'}")
     print(f"{rep['measured']['n_finished_runs']} finished run(s), {len(rep['incomplete'])} "
           f"incomplete (excluded)")
-    for row in rep["arms"]:
-        if "verdict" in row:
-            print(f"- {row['verdict']}")
-    if rep["ordering"] and rep["ordering"]["testable"]:
-        print(f"- {rep['ordering']['answer']}")
-    for s in rep["strong_baseline"]:
-        print(f"- {s['answer']}")
+    print_summary(rep)
     return 0
 
 
 # name: (help, add_arguments, run)
 COMMANDS = {
+    "params": ("print exact parameter counts of an experiment's arms", add_params_arguments,
+               run_params),
     "reproduce": ("the paper's comparison: train every arm x seed, then report",
                   add_reproduce_arguments, run_reproduce),
     "report": ("statistics over seeds, report.md/json and Fig. 1 from finished runs",

@@ -1,11 +1,12 @@
 """`nlq reproduce`: the paper's comparison as one command.
 
-An experiment (a TOML file: a [base] of overrides plus named [arms.*]) is resolved against a
-preset; every arm runs for every seed as an ordinary `nlq train` run dir under
-OUT/runs/<arm>/seed<k>/. All arms and seeds share one data seed, so they see identical
-batches; seed k sets the model init seed train.seed + k for every arm, so arms are paired
-by seed. Running the command again skips finished runs and resumes interrupted ones. The
-report (nlq/eval/report.py) is written to OUT at the end.
+An experiment (nlq/experiments/experiment.py: its arms by name, a [base] of overrides, its
+claims) is resolved against a preset and written to OUT/experiment.toml; every arm runs for
+every seed as an ordinary `nlq train` run dir under OUT/runs/<arm>/seed<k>/. All arms and
+seeds share one data seed, so they see identical batches; seed k sets the model init seed
+train.seed + k for every arm, so arms are paired by seed. Running the command again skips
+finished runs and resumes interrupted ones. The report (nlq/eval/report.py) is written to
+OUT at the end.
 """
 
 from __future__ import annotations
@@ -19,27 +20,18 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from nlq.config import Config, apply_overrides, flatten, from_dict, load_config, read_toml
+from nlq.config import Config, load_config
 from nlq.errors import NlqError
-from nlq.experiments.arms import resolve_arm
+from nlq.eval.claims import EXPERIMENT_FILE
+from nlq.eval.report import build_report, print_summary
+from nlq.experiments.experiment import Experiment, experiment_arms, experiment_toml, load_experiment
 from nlq.model.params import count_params, flops_per_token
-
-EXPERIMENT_DIR = Path(__file__).parent
 
 # How `nlq reproduce` prepares each preset's data dir when it is missing.
 PRESET_DATA = {
     "tiny": ("embedded", "bpe:8192"),
     "gpt3-small": ("hf:openwebtext", "gpt2"),
 }
-
-
-@dataclass(frozen=True)
-class Experiment:
-    name: str
-    description: str
-    baseline: str
-    base: dict
-    arms: dict[str, dict]
 
 
 @dataclass(frozen=True)
@@ -50,36 +42,10 @@ class RunSpec:
     run_dir: Path
 
 
-def load_experiment(name_or_file: str) -> Experiment:
-    path = Path(name_or_file)
-    if not path.is_file():
-        path = EXPERIMENT_DIR / f"{name_or_file}.toml"
-        if not path.is_file():
-            names = sorted(p.stem for p in EXPERIMENT_DIR.glob("*.toml"))
-            raise NlqError(f"unknown experiment {name_or_file!r} (shipped: {', '.join(names)}; "
-                           f"or give a TOML file)")
-    raw = read_toml(path)
-    unknown = sorted(set(raw) - {"name", "description", "baseline", "base", "arms"})
-    if unknown:
-        raise NlqError(f"{path}: unknown key {unknown[0]!r} (an experiment has name, "
-                       f"description, baseline, [base] and [arms.*])")
-    arms = raw.get("arms")
-    if not isinstance(arms, dict) or not arms:
-        raise NlqError(f"{path}: no [arms.*] tables")
-    baseline = raw.get("baseline", next(iter(arms)))
-    if baseline not in arms:
-        raise NlqError(f"{path}: baseline {baseline!r} is not one of its arms "
-                       f"({', '.join(arms)})")
-    return Experiment(raw.get("name", path.stem), raw.get("description", ""), baseline,
-                      flatten(raw.get("base", {})), {k: flatten(v) for k, v in arms.items()})
-
-
 def plan(exp: Experiment, preset: str, seeds: int, arm_names: list[str] | None,
          out: Path, sets: dict | None = None) -> list[RunSpec]:
     if seeds < 1:
         raise NlqError(f"--seeds must be >= 1, got {seeds}")
-    base = load_config(preset, sets)
-    base = from_dict(apply_overrides(base.to_dict(), exp.base))
     names = list(exp.arms)
     if arm_names:
         unknown = [a for a in arm_names if a not in exp.arms]
@@ -89,8 +55,8 @@ def plan(exp: Experiment, preset: str, seeds: int, arm_names: list[str] | None,
         names = [a for a in exp.arms if a in arm_names]
         if exp.baseline not in names:
             names.insert(0, exp.baseline)  # every comparison needs the baseline
-    arms = {a: resolve_arm(base, exp.arms[a], a) for a in names}
-    return [RunSpec(a, k, cfg.replace(**{"train.seed": base.train.seed + k}),
+    arms = experiment_arms(exp, preset, sets, names)
+    return [RunSpec(a, k, cfg.replace(**{"train.seed": cfg.train.seed + k}),
                     out / "runs" / a / f"seed{k}")
             for k in range(seeds) for a, cfg in arms.items()]
 
@@ -105,7 +71,7 @@ def ensure_data(preset: str, cfg: Config) -> None:
     print(f"reproduce: preparing {d} ({source}, {tok})", file=sys.stderr)
     cmd = [sys.executable, "-m", "nlq", "prepare", "--source", source, "--tokenizer", tok,
            "--out", str(d)]
-    if subprocess.run(cmd).returncode != 0:
+    if subprocess.run(cmd, check=False).returncode != 0:
         raise NlqError(f"`{' '.join(cmd[2:])}` failed (see above)")
 
 
@@ -199,7 +165,8 @@ def run_all(specs: list[RunSpec], exp: Experiment, jobs: int, out: Path) -> list
     while queue or running:
         while queue and len(running) < jobs:
             s, cmd = queue.pop(0)
-            log = open(s.run_dir / "train.log", "a")
+            # open while the run lives: closed when it ends, below
+            log = open(s.run_dir / "train.log", "a")  # noqa: SIM115
             p = subprocess.Popen([sys.executable, "-m", "nlq", *cmd, "--no-progress"],
                                  stdout=log, stderr=subprocess.STDOUT, env=env)
             running.append((s, p, log))
@@ -230,11 +197,11 @@ def reproduce(experiment: str, preset: str, seeds: int, arm_names: list[str] | N
               out: Path, jobs: int, force: bool, sets: dict | None = None) -> int:
     import torch
 
-    from nlq.eval.report import build_report
-
     exp = load_experiment(experiment)
     specs = plan(exp, preset, seeds, arm_names, out, sets)
     out.mkdir(parents=True, exist_ok=True)
+    # the experiment as resolved, for `nlq report OUT` to find its claims
+    (out / EXPERIMENT_FILE).write_text(experiment_toml(exp), encoding="utf-8")
     (out / "configs").mkdir(exist_ok=True)
     for s in specs:
         (out / "configs" / f"{s.arm}-seed{s.seed_index}.toml").write_text(s.cfg.to_toml())
@@ -249,16 +216,11 @@ def reproduce(experiment: str, preset: str, seeds: int, arm_names: list[str] | N
               f"run the command again to resume them", file=sys.stderr)
         return 1
     rep = build_report([s.run_dir for s in specs], out, baseline=exp.baseline,
-                       title=f"nlq reproduce: {exp.name} ({preset} preset, {seeds} seed(s))")
+                       title=f"nlq reproduce: {exp.name} ({preset} preset, {seeds} seed(s))",
+                       claims=exp.claims)
     print(f"reproduce: {len(specs)} runs in {time.time() - t0:.0f} s; wrote {out / 'report.md'}, "
           f"{out / 'report.json'}, {out / 'fig1.png'}")
-    for row in rep["arms"]:
-        if "verdict" in row:
-            print(f"- {row['verdict']}")
-    if rep.get("ordering") and rep["ordering"].get("testable"):
-        print(f"- {rep['ordering']['answer']}")
-    for s in rep.get("strong_baseline", []):
-        print(f"- {s['answer']}")
+    print_summary(rep)
     if failed:
         print(f"reproduce: {len(failed)} run(s) failed: {', '.join(failed)} (see their "
               f"train.log; run the command again to retry)", file=sys.stderr)

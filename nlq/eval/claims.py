@@ -1,0 +1,84 @@
+"""What an experiment declares about its outcome, for the report to check and show: the
+ordering of arms it expects ([hypothesis]) and the published figures it is set beside
+([reference]).
+
+Both are tables of the experiment's TOML; nlq/experiments/paper.toml holds the paper's
+(docs/paper.md, "The paper's numbers"). `nlq reproduce` writes the resolved experiment to
+OUT/experiment.toml, where `nlq report OUT` finds them. Without them a report has no
+ordering line and no reference section.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from nlq.config import read_toml
+from nlq.errors import NlqError
+
+EXPERIMENT_FILE = "experiment.toml"  # the resolved experiment, in an experiment's output dir
+
+# A row of [[reference.figures]]: label strings, numbers, and a flag for the baseline row.
+FIGURE_KEYS = {"version": str, "arm": str, "val_loss": float, "log_loss_pct": float,
+               "ppl_pct": float, "baseline": bool}
+
+
+@dataclass(frozen=True)
+class Claims:
+    ordering: tuple[str, ...] = ()
+    """Arms in the expected order of final val log-loss, lowest first."""
+    reference: dict | None = None
+    """cite, setting and figures: the published numbers, another scale than ours."""
+
+
+def claims_from_dict(raw: dict, where: str) -> Claims:
+    """The [hypothesis] and [reference] tables of an experiment (its other keys are ignored)."""
+    hyp = raw.get("hypothesis", {})
+    if not isinstance(hyp, dict) or set(hyp) - {"ordering"}:
+        raise NlqError(f"{where}: [hypothesis] holds one key, ordering = [arm, ...] (lowest "
+                       f"final val log-loss first)")
+    order = hyp.get("ordering", [])
+    if not isinstance(order, list) or not all(isinstance(a, str) for a in order) or (
+            order and (len(order) < 2 or len(set(order)) < len(order))):
+        raise NlqError(f"{where}: hypothesis.ordering must list 2 or more distinct arm names, "
+                       f"got {order!r}")
+    ref = raw.get("reference")
+    if ref is not None:
+        _check_reference(ref, where)
+    return Claims(tuple(order), ref)
+
+
+def _check_reference(ref, where: str) -> None:
+    if not isinstance(ref, dict) or set(ref) != {"cite", "setting", "figures"}:
+        raise NlqError(f"{where}: [reference] holds cite, setting and [[reference.figures]]")
+    if not isinstance(ref["cite"], str) or not isinstance(ref["setting"], str):
+        raise NlqError(f"{where}: reference.cite and reference.setting must be strings")
+    if not isinstance(ref["figures"], list) or not ref["figures"]:
+        raise NlqError(f"{where}: reference.figures must be a list of tables")
+    for i, row in enumerate(ref["figures"]):
+        if not isinstance(row, dict) or not {"version", "arm"} <= set(row):
+            raise NlqError(f"{where}: reference.figures[{i}] needs version and arm")
+        for k, v in row.items():
+            tp = FIGURE_KEYS.get(k)
+            number = isinstance(v, (int, float)) and not isinstance(v, bool)
+            if tp is None or not (number if tp is float else isinstance(v, tp)):
+                raise NlqError(f"{where}: reference.figures[{i}].{k} = {v!r} (known keys: "
+                               f"{', '.join(FIGURE_KEYS)}; numbers for the figures)")
+
+
+def find_claims(paths: Iterable[Path], run_dirs: Iterable[Path]) -> Claims:
+    """The claims of the experiment the runs belong to: experiment.toml in a given folder, or
+    in the experiment folder above a run dir laid out as OUT/runs/<arm>/seed<k>/."""
+    files = {p / EXPERIMENT_FILE for p in map(Path, paths)}
+    files |= {d.parents[2] / EXPERIMENT_FILE for d in run_dirs
+              if len(d.parents) > 2 and d.parent.parent.name == "runs"}
+    found: dict[Path, Claims] = {}
+    for f in sorted(files):
+        if f.is_file():
+            found[f] = claims_from_dict(read_toml(f), str(f))
+    distinct = {repr(c): c for c in found.values()}
+    if len(distinct) > 1:
+        raise NlqError(f"the runs belong to experiments that declare different claims "
+                       f"({', '.join(map(str, found))}): choose one with --experiment")
+    return next(iter(distinct.values()), Claims())

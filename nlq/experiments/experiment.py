@@ -1,0 +1,135 @@
+"""Experiments: a TOML file naming its arms (from arms.toml), a [base] of config overrides
+applied to every arm on top of the preset, the baseline arm, and what it claims ([hypothesis]
+and [reference], read by the report: nlq/eval/claims.py).
+
+    name = "paper"
+    baseline = "linear"
+    arms = ["linear", "nonlinear", "linear+12.5%"]   # or [arms.<name>] recipe tables
+    hypothesis = "paper"                             # or a [hypothesis] table; same for reference
+    [base]
+    model.arch = "encoder"
+
+`nlq reproduce` writes the resolved experiment (arms written out as recipes, claims as
+tables) to OUT/experiment.toml: a file load_experiment reads back to the same Experiment.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import tomli_w
+
+from nlq.config import Config, apply_overrides, flatten, from_dict, load_config, read_toml
+from nlq.errors import NlqError
+from nlq.eval.claims import Claims, claims_from_dict
+from nlq.experiments.arms import named_arms, recipe, resolve_arm
+
+EXPERIMENT_DIR = Path(__file__).parent
+KEYS = ("name", "description", "baseline", "arms", "base", "hypothesis", "reference")
+
+
+@dataclass(frozen=True)
+class Experiment:
+    name: str
+    description: str
+    baseline: str
+    base: dict[str, Any]
+    """Flat dotted config overrides applied to the preset before any arm."""
+    arms: dict[str, dict[str, Any]]
+    """name -> recipe (nlq/experiments/arms.py), in the order the runs are planned."""
+    claims: Claims
+
+
+def experiment_path(name_or_file: str | Path) -> Path:
+    path = Path(name_or_file)
+    if path.is_file():
+        return path
+    path = EXPERIMENT_DIR / f"{name_or_file}.toml"
+    if not path.is_file() or path.name == "arms.toml":
+        raise NlqError(f"unknown experiment {str(name_or_file)!r} (shipped: "
+                       f"{', '.join(shipped_experiments())}; or give a TOML file)")
+    return path
+
+
+def shipped_experiments() -> list[str]:
+    return sorted(p.stem for p in EXPERIMENT_DIR.glob("*.toml") if p.name != "arms.toml")
+
+
+def load_experiment(name_or_file: str | Path) -> Experiment:
+    path = experiment_path(name_or_file)
+    raw = read_toml(path)
+    unknown = sorted(set(raw) - set(KEYS))
+    if unknown:
+        raise NlqError(f"{path}: unknown key {unknown[0]!r} (an experiment has "
+                       f"{', '.join(KEYS)})")
+    arms = _arms(raw.get("arms"), path)
+    baseline = raw.get("baseline", next(iter(arms)))
+    if baseline not in arms:
+        raise NlqError(f"{path}: baseline {baseline!r} is not one of its arms "
+                       f"({', '.join(arms)})")
+    for key in ("hypothesis", "reference"):
+        seen = [path.stem]
+        while isinstance(raw.get(key), str):  # the claim of another experiment, e.g. "paper"
+            if raw[key] in seen:
+                raise NlqError(f"{path}: {key} refers back to itself ({' -> '.join(seen)})")
+            seen.append(raw[key])
+            other = read_toml(experiment_path(raw[key]))
+            if key not in other:
+                raise NlqError(f"{path}: {key} = {raw[key]!r}, but that experiment declares "
+                               f"no {key}")
+            raw[key] = other[key]
+    base = raw.get("base", {})
+    if not isinstance(base, dict):
+        raise NlqError(f"{path}: 'base' must be a table of config overrides")
+    return Experiment(raw.get("name", path.stem), raw.get("description", ""), baseline,
+                      flatten(base), arms, claims_from_dict(raw, str(path)))
+
+
+def _arms(raw: Any, path: Path) -> dict[str, dict[str, Any]]:
+    """A list of arm names from arms.toml, or a table of recipes written out in full."""
+    if isinstance(raw, dict) and raw:
+        return {name: recipe(r, name) for name, r in raw.items()}
+    if isinstance(raw, list) and raw and all(isinstance(a, str) for a in raw):
+        known = named_arms()
+        unknown = [a for a in raw if a not in known]
+        if unknown:
+            raise NlqError(f"{path}: unknown arm {unknown[0]!r} (arms.toml defines "
+                           f"{', '.join(known)}; or write [arms.<name>] tables)")
+        return {a: known[a] for a in raw}
+    raise NlqError(f"{path}: 'arms' must list arm names (from nlq/experiments/arms.toml) or "
+                   f"hold [arms.<name>] tables, got {raw!r}")
+
+
+def experiment_arms(exp: Experiment, preset: str, sets: dict | None = None,
+                    names: list[str] | None = None) -> dict[str, Config]:
+    """The configs of the experiment's arms (or of `names` among them): the preset, then the
+    --set overrides, then the experiment's [base], then each arm's recipe."""
+    base = load_config(preset, sets)
+    base = from_dict(apply_overrides(base.to_dict(), exp.base))
+    return {a: resolve_arm(base, exp.arms[a], a) for a in (names or exp.arms)}
+
+
+def experiment_toml(exp: Experiment) -> str:
+    """The resolved experiment as TOML: every arm's recipe and every claim written out."""
+    doc: dict[str, Any] = {"name": exp.name, "description": exp.description,
+                           "baseline": exp.baseline, "base": _nest(exp.base),
+                           "arms": {a: _nest(r) for a, r in exp.arms.items()}}
+    if exp.claims.ordering:
+        doc["hypothesis"] = {"ordering": list(exp.claims.ordering)}
+    if exp.claims.reference:
+        doc["reference"] = exp.claims.reference
+    return tomli_w.dumps(doc)
+
+
+def _nest(flat: dict[str, Any]) -> dict[str, Any]:
+    """{"model.query": q} -> {"model": {"query": q}}: TOML tables instead of quoted keys."""
+    out: dict[str, Any] = {}
+    for key, value in flat.items():
+        *parents, last = key.split(".")
+        d = out
+        for p in parents:
+            d = d.setdefault(p, {})
+        d[last] = value
+    return out
