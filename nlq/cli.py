@@ -16,7 +16,9 @@ from nlq import __version__
 from nlq.errors import NlqError
 
 # Packages whose cli module contributes subcommands, in the order `nlq --help` lists them.
-COMMAND_MODULES = ["nlq.model.cli", "nlq.data.cli", "nlq.train.cli", "nlq.experiments.cli"]
+COMMAND_MODULES = [
+    "nlq.config.cli", "nlq.model.cli", "nlq.data.cli", "nlq.train.cli", "nlq.experiments.cli",
+]
 
 
 def build_parser() -> argparse.ArgumentParser:
