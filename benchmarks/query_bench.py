@@ -41,9 +41,12 @@ VARIANTS = ["linear", "nonlinear", "nonlinear+modules"]
 def build(shape: str, variant: str):
     """(rows N, width C, a function running one forward + backward with fresh gradients,
     (the query module, its input x, the upstream gradient dq) that function uses)."""
+    import contextlib
+
     import torch
 
     from nlq.config import load_config
+    from nlq.model import kernels
     from nlq.model.query import make_query
 
     preset, over = train_bench.SHAPES[shape]
@@ -56,8 +59,8 @@ def build(shape: str, variant: str):
     for p in q.parameters():  # GPT-2-like scale (exact zeros and ones would be atypical)
         if p.dim() == 2:
             torch.nn.init.normal_(p, 0.0, 0.02)
-    if variant.endswith("+modules"):
-        q.cpu_fast_path = False
+    # +modules: every module takes its plain path, no CPU kernel (nlq/model/kernels.py)
+    plain = kernels.disabled if variant.endswith("+modules") else contextlib.nullcontext
     x = torch.randn(N, C).requires_grad_()  # (N, C): the block's normalised input, flattened
     dq = torch.randn(N, C)
     leaves = [x, *q.parameters()]
@@ -65,7 +68,8 @@ def build(shape: str, variant: str):
     def call():
         for t in leaves:
             t.grad = None
-        q(x).backward(dq)
+        with plain():
+            q(x).backward(dq)
 
     return N, C, call, (q, x, dq)
 
@@ -79,7 +83,7 @@ def op_sequence(variant: str, q, x, dq, tick):
     import torch
     import torch.nn.functional as F
 
-    from nlq.model.query import _rstd
+    from nlq.model.kernels import rstd as _rstd
 
     if variant == "linear":
         w = q.proj.weight

@@ -88,6 +88,8 @@ def parse_variant(v: str) -> tuple[str, set[str]]:
 def build(shape: str, variant: str):
     """(model config, device, step function) of one variant; step(i) runs training step i
     and returns the loader's share of its time in seconds."""
+    import contextlib
+
     import numpy as np
     import torch
     import torch.nn as nn
@@ -95,7 +97,7 @@ def build(shape: str, variant: str):
 
     from nlq.config import load_config
     from nlq.data.schedule import train_batch
-    from nlq.model import Transformer
+    from nlq.model import Transformer, kernels
     from nlq.train.loop import make_optimizer
 
     base, mods = parse_variant(variant)
@@ -140,10 +142,8 @@ def build(shape: str, variant: str):
             return logits, F.cross_entropy(logits.view(B * T, -1), targets.reshape(-1))
 
     model = (Ref() if base == "reference" else Transformer(m)).to(dev)
-    if "modules" in mods:
-        for mod in model.modules():
-            if hasattr(mod, "cpu_fast_path"):
-                mod.cpu_fast_path = False
+    # +modules: every module takes its plain path, no CPU kernel (nlq/model/kernels.py)
+    plain = kernels.disabled if "modules" in mods else contextlib.nullcontext
     if t.compile:
         for block in model.blocks:  # as nlq/train/loop.py does
             block.compile()
@@ -160,7 +160,7 @@ def build(shape: str, variant: str):
         w = train_batch(data, 1, i, 0, B, 1, T)  # (B, T+1)
         x, y = w[:, :-1].to(dev), w[:, 1:].to(dev)
         t_load = time.perf_counter() - t0
-        with amp:
+        with amp, plain():
             _, loss = model(x, y, **kw)
         loss.backward()
         opt.step()

@@ -50,7 +50,8 @@ def add_arguments(p) -> None:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="config override, e.g. model.query=nonlinear (repeatable)")
     p.add_argument("--doc", action="store_true",
-                   help="print every key as `section.key (type, default): docstring`")
+                   help="print every key as `section.key (type, default): docstring` "
+                        "(the defaults; CONFIG and --set are not read)")
 
 
 def run(args) -> int:
