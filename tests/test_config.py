@@ -370,7 +370,7 @@ def test_a_registered_activation_is_a_valid_choice(monkeypatch):
 def test_load_config_file_with_preset_and_overrides(tmp_path):
     p = tmp_path / "exp.toml"
     p.write_text('preset = "tiny"\n\n[model]\nquery = "nonlinear"\nn_layer = 2\n\n'
-                 '[train]\nlr = 1e-3\n\n[arms.a]\nmodel.query = "identity"\n')
+                 '[train]\nlr = 1e-3\n')
     cfg = load_config(p, {"train.max_steps": 7, "model.n_layer": 3})
     want = load_config("tiny").replace(**{"model.query": "nonlinear", "model.n_layer": 3,
                                           "train.lr": 1e-3, "train.max_steps": 7})
@@ -408,13 +408,3 @@ def test_folder_named_like_a_preset_does_not_shadow_it(tmp_path, monkeypatch):
     (tmp_path / "tiny").mkdir()  # e.g. a run dir made by `--out tiny`
     monkeypatch.chdir(tmp_path)
     assert load_config("tiny") == want
-
-
-def test_arm_that_is_not_a_table_is_an_error(tmp_path):
-    p = tmp_path / "exp.toml"
-    p.write_text('preset = "tiny"\n[arms]\nwide = 3\n')
-    with pytest.raises(NlqError, match="arm 'wide'"):
-        load_config(p)
-    p.write_text('preset = "tiny"\narms = 3\n')
-    with pytest.raises(NlqError, match="arms"):
-        load_config(p)

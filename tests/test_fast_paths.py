@@ -311,6 +311,8 @@ def test_fused_nonlinear_query_only_where_it_applies():
     assert not NonlinearQuery(ModelConfig(**base)).fused_cpu(x.double())  # dtype mismatch
     with torch.autocast("cpu", dtype=torch.bfloat16):
         assert not NonlinearQuery(ModelConfig(**base)).fused_cpu(x)
+    with kernels.disabled():
+        assert not NonlinearQuery(ModelConfig(**base)).fused_cpu(x)
 
 
 def test_fused_nonlinear_query_frozen_parameters_get_no_gradient():
