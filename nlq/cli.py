@@ -16,7 +16,7 @@ from nlq import __version__
 from nlq.errors import NlqError
 
 # Packages whose cli module contributes subcommands, in the order `nlq --help` lists them.
-COMMAND_MODULES = ["nlq.model.cli", "nlq.data.cli", "nlq.train.cli", "nlq.experiments.cli"]
+COMMAND_MODULES = ["nlq.data.cli", "nlq.train.cli", "nlq.experiments.cli", "nlq.config.cli"]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -27,12 +27,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--debug", action="store_true", help="show tracebacks on errors")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for modname in COMMAND_MODULES:
-        try:
-            mod = importlib.import_module(modname)
-        except ModuleNotFoundError as e:
-            if e.name == modname:  # a package without commands yet
-                continue
-            raise
+        mod = importlib.import_module(modname)
         for name, (help_, add_arguments, run) in mod.COMMANDS.items():
             p = sub.add_parser(name, help=help_, description=help_)
             # SUPPRESS: without --debug here, `nlq --debug COMMAND` keeps the top-level value

@@ -14,14 +14,16 @@ import pytest
 import torch
 
 from nlq.config import ModelConfig
+from nlq.model.query import QUERIES
 from nlq.model.transformer import Attention, Transformer, apply_rope, prefix_lm_mask, rope_cache
 
-TOL = dict(rtol=0, atol=1e-10)  # float64
-QUERIES = ["linear", "identity", "residual", "nonlinear"]
+TOL = {"rtol": 0, "atol": 1e-10}  # float64
+VARIANTS = sorted(QUERIES)  # every registered query variant
 
 
 def tiny(**kw) -> ModelConfig:
-    base = dict(vocab_size=100, block_size=16, n_layer=2, n_head=4, d_model=32, mlp_hidden=64)
+    base = {"vocab_size": 100, "block_size": 16, "n_layer": 2, "n_head": 4, "d_model": 32,
+            "mlp_hidden": 64}
     base.update(kw)
     return ModelConfig(**base)
 
@@ -76,7 +78,7 @@ def loop_prefix_mask(T, p):
     return m
 
 
-@pytest.mark.parametrize("query", QUERIES)
+@pytest.mark.parametrize("query", VARIANTS)
 def test_causal_matches_naive(query):
     a = attention(query=query)
     with torch.no_grad():
@@ -120,7 +122,7 @@ def test_prefix_lm_attention_matches_naive(prefix):
     torch.testing.assert_close(got, want, **TOL)
 
 
-@pytest.mark.parametrize("query", ["linear", "nonlinear"])
+@pytest.mark.parametrize("query", VARIANTS)
 def test_arbitrary_bool_mask_matches_naive(query):
     a = attention(query=query)
     g = torch.Generator().manual_seed(3)
@@ -181,7 +183,7 @@ def test_prefix_arch_per_batch_prefix_equals_per_sample_int_prefix():
 # causality
 
 
-@pytest.mark.parametrize("query", QUERIES)
+@pytest.mark.parametrize("query", VARIANTS)
 @pytest.mark.parametrize("pos_emb", ["learned", "rope", "none"])
 def test_decoder_is_causal(query, pos_emb):
     m = model(query=query, pos_emb=pos_emb, qk_norm=pos_emb == "rope")
@@ -239,7 +241,7 @@ def _repeat_kv(w, nkv, nh, interleave=True):
 
 
 @pytest.mark.parametrize("nkv", [1, 2])
-@pytest.mark.parametrize("query", ["linear", "nonlinear"])
+@pytest.mark.parametrize("query", VARIANTS)
 def test_gqa_equals_mha_with_repeated_kv_heads(nkv, query):
     gqa = model(query=query, n_kv_head=nkv, pos_emb="rope")
     assert gqa.blocks[0].attn.k_proj.weight.shape == (nkv * 8, 32)

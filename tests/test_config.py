@@ -1,5 +1,6 @@
 """Config: TOML/JSON round trips, every bad value an NlqError naming the key, --set
-overrides through the same validation, presets named from a file."""
+overrides through the same validation, presets named from a file, `nlq config` and every
+key's docstring, and the model's registries as the one source of the string choices."""
 
 from __future__ import annotations
 
@@ -13,18 +14,25 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from nlq.cli import main
 from nlq.config import (
+    SECTIONS,
     Config,
     ModelConfig,
     TrainConfig,
     config_from_toml,
     from_dict,
     load_config,
+    model_config_from_dict,
     parse_sets,
 )
+from nlq.config.cli import field_docs
 from nlq.errors import NlqError
+from nlq.model.layers import ACTIVATIONS, NORMS
+from nlq.model.query import QUERIES, NonlinearQuery
+from nlq.model.transformer import Transformer
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -191,8 +199,8 @@ def test_good_sets_change_only_their_keys():
     assert cfg != base
 
 
-def test_nlq_params_bad_set_exits_2_with_one_line():
-    p = nlq("params", "--preset", "tiny", "--set", "model.n_layer=2.5")  # a real subprocess
+def test_nlq_config_bad_set_exits_2_with_one_line():
+    p = nlq("config", "tiny", "--set", "model.n_layer=2.5")  # a real subprocess
     stdout, stderr = p.communicate(timeout=120)
     assert p.returncode == 2
     assert stdout == ""
@@ -209,21 +217,150 @@ def test_nlq_params_bad_set_exits_2_with_one_line():
      (["model.n_kv_head=3"], "model.n_kv_head"), (["model.query=quadratic"], "model.query")],
 )
 def test_cli_bad_set_in_process(capsys, sets, key):
-    argv = ["params", "--preset", "tiny"] + [a for s in sets for a in ("--set", s)]
+    argv = ["config", "tiny"] + [a for s in sets for a in ("--set", s)]
     assert main(argv) == 2
     out, err = capsys.readouterr()
     assert out == ""
     assert len(err.strip().splitlines()) == 1 and key in err and "Traceback" not in err
 
 
-def test_cli_good_set_in_process(capsys):
-    assert main(["params", "--preset", "tiny", "--json", "--set", "model.n_layer=2"]) == 0
-    arms = json.loads(capsys.readouterr().out)["arms"]
-    two = {a["name"]: a["non_embedding"] for a in arms}
-    assert main(["params", "--preset", "tiny", "--json"]) == 0
-    four = {a["name"]: a["non_embedding"] for a in json.loads(capsys.readouterr().out)["arms"]}
-    ln_f = load_config("tiny").model.d_model  # the final norm is not per layer
-    assert two["linear"] - ln_f == (four["linear"] - ln_f) // 2
+# ---------------------------------------------------------------------------------------
+# `nlq config`: the resolved config, and every key's docstring
+
+
+def test_nlq_config_prints_the_resolved_config(capsys, tmp_path):
+    assert main(["config", "tiny", "--set", "model.query=nonlinear", "--set",
+                 "train.lr=1e-3"]) == 0
+    got = config_from_toml(capsys.readouterr().out)
+    assert got == load_config("tiny").replace(**{"model.query": "nonlinear", "train.lr": 1e-3})
+    p = tmp_path / "exp.toml"
+    p.write_text('preset = "tiny"\n[model]\nn_layer = 2\n')
+    assert main(["config", str(p)]) == 0
+    assert config_from_toml(capsys.readouterr().out) == load_config("tiny").replace(
+        **{"model.n_layer": 2})
+    assert main(["config"]) == 0
+    assert config_from_toml(capsys.readouterr().out) == Config()
+
+
+def test_every_config_key_has_a_docstring():
+    for sec, cls in SECTIONS.items():
+        docs = field_docs(cls)
+        assert list(docs) == [f.name for f in dataclasses.fields(cls)]
+        missing = [f"{sec}.{k}" for k, d in docs.items() if len(d.split()) < 3]
+        assert not missing, f"keys without a docstring: {missing}"
+
+
+def test_field_docs_reads_the_string_under_each_field():
+    docs = field_docs(_Documented)
+    assert docs == {"a": "The first key,\nover two lines.", "b": "", "c": "Third."}
+
+
+@dataclasses.dataclass(frozen=True)
+class _Documented:
+    a: int = 1
+    """The first key,
+    over two lines."""
+    b: str = "x"
+    c: float | None = None
+    """Third."""
+
+
+def test_nlq_config_doc_lists_every_key(capsys):
+    assert main(["config", "--doc"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    keys = [f"{sec}.{f.name}" for sec, cls in SECTIONS.items() for f in dataclasses.fields(cls)]
+    assert len(lines) == len(keys)
+    for key, line in zip(keys, lines):
+        sec, name = key.split(".")
+        doc = " ".join(field_docs(SECTIONS[sec])[name].split())
+        assert line.startswith(f"{key} (") and line.endswith(f"): {doc}"), line
+    assert 'model.query (str, "linear"): ' in lines[keys.index("model.query")]
+    assert "model.n_kv_head (int | None, unset): " in lines[keys.index("model.n_kv_head")]
+
+
+# ---------------------------------------------------------------------------------------
+# model_config_from_dict (a checkpoint's config.json)
+
+
+def test_model_config_from_dict_builds_and_converts():
+    m = model_config_from_dict({"query": "nonlinear", "n_layer": 3, "attn_scale": 1})
+    assert m == ModelConfig(query="nonlinear", n_layer=3, attn_scale=1.0)
+    assert type(m.attn_scale) is float
+    assert model_config_from_dict(dataclasses.asdict(NON_DEFAULT.model)) == NON_DEFAULT.model
+
+
+MODEL_BAD = [(r["model"], k) for r, k in BAD if set(r) == {"model"} and isinstance(r["model"],
+                                                                                     dict)]
+
+
+@pytest.mark.parametrize("raw,key", MODEL_BAD, ids=[k for _, k in MODEL_BAD])
+def test_model_config_from_dict_names_the_key(raw, key):
+    with pytest.raises(NlqError, match=re.escape(key)):
+        model_config_from_dict(raw)
+
+
+def test_model_config_from_dict_rejects_a_non_table():
+    with pytest.raises(NlqError, match="model config"):
+        model_config_from_dict([1, 2])
+
+
+# ---------------------------------------------------------------------------------------
+# the registries drive validation
+
+
+@pytest.mark.parametrize("query", sorted(QUERIES))
+def test_every_registered_query_is_a_valid_choice(query):
+    assert from_dict({"model": {"query": query}}).model.query == query
+
+
+@pytest.mark.parametrize("key,registry", [("query", QUERIES), ("nl_act", ACTIVATIONS),
+                                          ("nl_in_norm", NORMS), ("nl_out_norm", NORMS)])
+def test_choice_errors_list_the_registry(key, registry):
+    with pytest.raises(NlqError, match=re.escape(f"model.{key}")) as e:
+        from_dict({"model": {key: "quadratic"}})
+    assert all(name in str(e.value) for name in registry)
+
+
+class _ScaledLinearQuery(torch.nn.Module):
+    """A throwaway variant: Q = 2 X W_Q."""
+
+    scale_factor = 1.0
+
+    def __init__(self, cfg):
+        super().__init__()
+        self.proj = torch.nn.Linear(cfg.d_model, cfg.d_model, bias=cfg.bias)
+
+    def forward(self, x):
+        return 2.0 * self.proj(x)
+
+
+def test_a_registered_variant_validates_builds_and_trains(monkeypatch):
+    """Registering a class in QUERIES is all a new variant needs: config validation accepts
+    its name and the model builds with it, runs forward and backward."""
+    raw = {"model": {"query": "scaled", "vocab_size": 50, "block_size": 8, "n_layer": 1,
+                     "n_head": 2, "d_model": 16, "mlp_hidden": 32}}
+    with pytest.raises(NlqError, match="model.query"):
+        from_dict(raw)
+    monkeypatch.setitem(QUERIES, "scaled", _ScaledLinearQuery)
+    cfg = from_dict(raw)
+    torch.manual_seed(0)
+    model = Transformer(cfg.model)
+    q = model.blocks[0].attn.q
+    assert isinstance(q, _ScaledLinearQuery)
+    x = torch.randn(1, 8, 16)
+    torch.testing.assert_close(q(x), 2.0 * q.proj(x))
+    idx = torch.arange(8)[None] % 50
+    _, loss = model(idx, (idx + 1) % 50)
+    loss.backward()
+    assert torch.isfinite(loss) and q.proj.weight.grad.abs().sum() > 0
+
+
+def test_a_registered_activation_is_a_valid_choice(monkeypatch):
+    monkeypatch.setitem(ACTIVATIONS, "softplus", torch.nn.Softplus)
+    cfg = from_dict({"model": {"query": "nonlinear", "nl_act": "softplus", "d_model": 64,
+                               "n_head": 4}})
+    q = NonlinearQuery(cfg.model)
+    assert isinstance(q.act, torch.nn.Softplus) and not q.fused_cpu(torch.randn(1, 2, 64))
 
 
 # ---------------------------------------------------------------------------------------
@@ -281,3 +418,4 @@ def test_arms_are_no_config_section(tmp_path):
         p.write_text(text)
         with pytest.raises(NlqError, match="arms"):
             load_config(p)
+

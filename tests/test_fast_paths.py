@@ -1,14 +1,17 @@
-"""The CPU fast paths of issue 7 against the plain computations they replace.
+"""The CPU fast paths against the plain computations they replace (benchmarks/RESULTS.md,
+the train_bench section on the CPU fast paths, says why they exist).
 
 - nlq/model/loss.py: the chunked output-projection + cross-entropy vs F.cross_entropy on
   materialised logits (values and gradients, float64, several chunkings, ignored rows, bf16
   autocast, a whole model's training step with tied embeddings);
-- RMSNorm's hand-written CPU backward vs F.rms_norm and gradcheck;
+- nlq/model/kernels.py: RMSNorm's and the nonlinear query's hand-written CPU backward vs
+  the same modules under kernels.disabled() (their plain path) and gradcheck;
 - nlq/train/alloc.py: the allocator tuning is applied and changes no result.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import pytest
@@ -17,7 +20,9 @@ import torch.nn.functional as F
 
 import nlq.model.loss as L
 from nlq.config import ModelConfig
-from nlq.model.query import RMSNorm, _RMSNormCPU
+from nlq.model import kernels
+from nlq.model.layers import RMSNorm
+from nlq.model.query import QUERIES, NonlinearQuery
 from nlq.model.transformer import Transformer
 
 
@@ -119,11 +124,11 @@ def test_rmsnorm_cpu_backward_passes_gradcheck():
     g = torch.Generator().manual_seed(0)
     x = torch.randn(3, 5, 8, dtype=torch.float64, generator=g, requires_grad=True)
     w = torch.randn(8, dtype=torch.float64, generator=g, requires_grad=True)
-    assert torch.autograd.gradcheck(lambda a, b: _RMSNormCPU.apply(a, b, 1e-5), (x, w))
+    assert torch.autograd.gradcheck(lambda a, b: kernels.RMSNormCPU.apply(a, b, 1e-5), (x, w))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-def test_rmsnorm_cpu_path_matches_f_rms_norm(dtype):
+def test_rmsnorm_cpu_path_matches_plain_path(dtype):
     torch.manual_seed(0)
     norm = RMSNorm(64, eps=1e-5).to(dtype)
     with torch.no_grad():
@@ -131,12 +136,52 @@ def test_rmsnorm_cpu_path_matches_f_rms_norm(dtype):
     x = (3 * torch.randn(4, 10, 64, dtype=dtype)).requires_grad_()
     up = torch.randn(4, 10, 64, dtype=dtype)
     got = norm(x)
-    want = F.rms_norm(x, (64,), norm.weight, 1e-5)
-    assert got.grad_fn.name().startswith("_RMSNormCPU")  # the fast path did run
-    tol = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=1e-12, atol=1e-12)
+    with kernels.disabled():
+        want = norm(x)  # the plain path: F.rms_norm
+    assert kernels.enabled()  # and back on after the block
+    assert got.grad_fn.name() == "RMSNormCPUBackward"  # the kernel did run
+    assert "RMSNormCPU" not in want.grad_fn.name()
+    torch.testing.assert_close(want, F.rms_norm(x, (64,), norm.weight, 1e-5), rtol=0, atol=0)
+    tol = ({"rtol": 1e-5, "atol": 1e-5} if dtype == torch.float32
+           else {"rtol": 1e-12, "atol": 1e-12})
     torch.testing.assert_close(got, want, **tol)
-    for a, b in zip(grads((got * up).sum(), x, norm.weight), grads((want * up).sum(), x, norm.weight)):
+    ws = (x, norm.weight)
+    for a, b in zip(grads((got * up).sum(), *ws), grads((want * up).sum(), *ws)):
         torch.testing.assert_close(a, b, **tol)
+
+
+def test_kernels_disabled_nests_and_restores_after_an_error():
+    assert kernels.enabled()
+    with pytest.raises(RuntimeError), kernels.disabled():
+        with kernels.disabled():
+            assert not kernels.enabled()
+        assert not kernels.enabled()  # the inner block restores the outer state
+        raise RuntimeError
+    assert kernels.enabled()
+
+
+@pytest.mark.parametrize("query", sorted(QUERIES))
+def test_model_step_with_kernels_equals_plain_path(query):
+    """A whole training step (QK-norm on, so RMSNorm's kernel runs in every variant): loss
+    and every parameter's gradient with the kernels == under kernels.disabled()."""
+    cfg = ModelConfig(vocab_size=61, block_size=16, n_layer=2, n_head=2, d_model=16,
+                      mlp_hidden=32, query=query, qk_norm=True)
+    torch.manual_seed(0)
+    model = Transformer(cfg).double()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.3 * torch.randn_like(p))  # gains away from 1, so a dropped gain shows
+    idx = torch.randint(0, 61, (3, 16))
+    out = {}
+    for fast in (True, False):
+        model.zero_grad(set_to_none=True)
+        with contextlib.nullcontext() if fast else kernels.disabled():
+            _, loss = model(idx, idx)
+            loss.backward()
+        out[fast] = (loss.detach(), {n: p.grad for n, p in model.named_parameters()})
+    torch.testing.assert_close(out[True][0], out[False][0], rtol=1e-12, atol=1e-12)
+    for n, g in out[False][1].items():
+        torch.testing.assert_close(out[True][1][n], g, rtol=1e-9, atol=1e-12, msg=n)
 
 
 # -- allocator tuning -------------------------------------------------------------------
@@ -218,12 +263,10 @@ def _nlq_args(C=8, r=4, dtype=torch.float64, seed=0):
 
 @pytest.mark.parametrize("approx", ["none", "tanh"])
 def test_fused_nonlinear_query_passes_gradcheck(approx):
-    from nlq.model.query import _NonlinearQueryCPU
-
     x, g, w1, w2, ln_w = _nlq_args()
     args = tuple(a.detach().requires_grad_() for a in (x, g, w1, w2, ln_w))
     assert torch.autograd.gradcheck(
-        lambda *a: _NonlinearQueryCPU.apply(*a, None, 1e-5, 1e-5, approx), args)
+        lambda *a: kernels.NonlinearQueryCPU.apply(*a, None, 1e-5, 1e-5, approx), args)
 
 
 @pytest.mark.parametrize("act", ["gelu", "gelu_tanh"])
@@ -231,8 +274,6 @@ def test_fused_nonlinear_query_passes_gradcheck(approx):
 def test_fused_nonlinear_query_matches_the_modules(monkeypatch, dtype, act):
     """The fused CPU path == RMSNorm, nn.Linear, GELU, nn.Linear, LayerNorm modules plus X:
     values and the gradients of X and of every parameter."""
-    from nlq.model.query import NonlinearQuery
-
     cfg = ModelConfig(vocab_size=50, block_size=16, n_layer=1, n_head=4, d_model=32,
                       mlp_hidden=64, query="nonlinear", nl_act=act)
     torch.manual_seed(0)
@@ -245,22 +286,22 @@ def test_fused_nonlinear_query_matches_the_modules(monkeypatch, dtype, act):
     assert q.fused_cpu(x)
     out = {}
     for fast in (True, False):
-        q.cpu_fast_path = fast
-        y = q(x)
-        assert (y.grad_fn.name() == "_NonlinearQueryCPUBackward") == fast
+        with contextlib.nullcontext() if fast else kernels.disabled():
+            assert q.fused_cpu(x) == fast
+            y = q(x)
+        assert (y.grad_fn.name() == "NonlinearQueryCPUBackward") == fast
         gs = torch.autograd.grad((y * up).sum(), [x, *q.parameters()])
         out[fast] = (y, gs)
-    tol = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=1e-11, atol=1e-11)
+    tol = ({"rtol": 1e-5, "atol": 1e-5} if dtype == torch.float32
+           else {"rtol": 1e-11, "atol": 1e-11})
     torch.testing.assert_close(out[True][0], out[False][0], **tol)
     for a, b in zip(out[True][1], out[False][1]):
         torch.testing.assert_close(a, b, **tol)
 
 
 def test_fused_nonlinear_query_only_where_it_applies():
-    from nlq.model.query import NonlinearQuery
-
-    base = dict(vocab_size=50, block_size=16, n_layer=1, n_head=4, d_model=32, mlp_hidden=64,
-                query="nonlinear")
+    base = {"vocab_size": 50, "block_size": 16, "n_layer": 1, "n_head": 4, "d_model": 32,
+            "mlp_hidden": 64, "query": "nonlinear"}
     x = torch.randn(1, 4, 32)
     assert NonlinearQuery(ModelConfig(**base)).fused_cpu(x)
     assert not NonlinearQuery(ModelConfig(**base, bias=True)).fused_cpu(x)
@@ -270,12 +311,12 @@ def test_fused_nonlinear_query_only_where_it_applies():
     assert not NonlinearQuery(ModelConfig(**base)).fused_cpu(x.double())  # dtype mismatch
     with torch.autocast("cpu", dtype=torch.bfloat16):
         assert not NonlinearQuery(ModelConfig(**base)).fused_cpu(x)
+    with kernels.disabled():
+        assert not NonlinearQuery(ModelConfig(**base)).fused_cpu(x)
 
 
 def test_fused_nonlinear_query_frozen_parameters_get_no_gradient():
     """needs_input_grad is honoured: a frozen W1 and gain get None, the rest still match."""
-    from nlq.model.query import NonlinearQuery
-
     cfg = ModelConfig(vocab_size=50, block_size=16, n_layer=1, n_head=4, d_model=32,
                       mlp_hidden=64, query="nonlinear")
     torch.manual_seed(0)
@@ -287,7 +328,7 @@ def test_fused_nonlinear_query_frozen_parameters_get_no_gradient():
     assert q.w1.weight.grad is None and q.in_norm.weight.grad is None
     got = (x.grad.clone(), q.w2.weight.grad.clone(), q.out_norm.weight.grad.clone())
     x.grad = q.w2.weight.grad = q.out_norm.weight.grad = None
-    q.cpu_fast_path = False
-    q(x).sum().backward()
+    with kernels.disabled():
+        q(x).sum().backward()
     for a, b in zip(got, (x.grad, q.w2.weight.grad, q.out_norm.weight.grad)):
         torch.testing.assert_close(a, b, rtol=1e-11, atol=1e-11)

@@ -1,7 +1,9 @@
 """The transformer and every query variant against a plain reference written from the
-formulas (PAPER.md): Q = X W_Q (linear), Q = X (identity), Q = X + X W_Q (residual),
-Q = (X + LN(GELU(RMSNorm(X) W1) W2)) / 2 (nonlinear), each with a naive softmax attention at
-scale 1/sqrt(hs). Also the init the paper relies on (f(X) zero mean, unit variance per token).
+formulas (docs/paper.md, "The nonlinear query" and "The other arms"): Q = X W_Q (linear),
+Q = X (identity), Q = X + X W_Q (residual), Q = (X + LN(GELU(RMSNorm(X) W1) W2)) / 2
+(nonlinear), each with a naive softmax attention at scale 1/sqrt(hs). Every variant in
+nlq.model.query.QUERIES is tested: a new one needs its formula in ref_query. Also the init
+the paper relies on (f(X) zero mean, unit variance per token).
 
 Legend: B batch, T time, C d_model, nh heads, hs head size. The comparisons run in float64
 with randomised weights (norm gains and biases included), so a dropped gain, a wrong scale
@@ -17,13 +19,15 @@ import pytest
 import torch
 
 from nlq.config import ModelConfig
+from nlq.model.query import QUERIES
 from nlq.model.transformer import Transformer
 
-TOL = dict(rtol=0, atol=1e-9)  # float64
+TOL = {"rtol": 0, "atol": 1e-9}  # float64
 
 
 def tiny(**kw) -> ModelConfig:
-    base = dict(vocab_size=100, block_size=16, n_layer=2, n_head=4, d_model=32, mlp_hidden=64)
+    base = {"vocab_size": 100, "block_size": 16, "n_layer": 2, "n_head": 4, "d_model": 32,
+            "mlp_hidden": 64}
     base.update(kw)
     return ModelConfig(**base)
 
@@ -109,7 +113,7 @@ def ref_query(cfg: ModelConfig, qmod, x):
         return x + ref_linear(x, qmod.proj)
     if cfg.query == "nonlinear":
         return (x + ref_f(cfg, qmod, x)) / 2  # the paper's form, the 1/2 explicit
-    raise AssertionError(cfg.query)
+    raise AssertionError(f"no reference formula for query variant {cfg.query!r}")
 
 
 def ref_attention(q, k, v, mask, scale):
@@ -156,7 +160,7 @@ IDX = torch.randint(0, 100, (2, 12), generator=torch.Generator().manual_seed(1))
 # every query variant against its formula
 
 
-@pytest.mark.parametrize("query", ["linear", "identity", "residual", "nonlinear"])
+@pytest.mark.parametrize("query", sorted(QUERIES))
 @pytest.mark.parametrize("bias", [False, True])
 def test_query_variants_match_formula(query, bias):
     model = build(tiny(query=query, bias=bias))
@@ -229,7 +233,7 @@ def test_nonlinear_query_module_has_paper_shapes():
     assert q.w2.weight.shape == (32, 16)
     assert type(q.in_norm).__name__ == "RMSNorm"
     assert isinstance(q.out_norm, torch.nn.LayerNorm)
-    # f's weights are exactly C^2 = d^2 (PAPER.md)
+    # f's weights are exactly C^2 = d^2 (docs/paper.md, "The nonlinear query")
     assert q.w1.weight.numel() + q.w2.weight.numel() == 32 * 32
 
 

@@ -9,7 +9,7 @@ PKG = Path(__file__).resolve().parents[1] / "nlq"
 
 
 def test_model_package_never_imports_torch_distributed():
-    imports = re.compile(r"^\s*(import|from)\s+torch\.distributed", re.M)
+    imports = re.compile(r"^\s*(import|from)\s+torch\.distributed", re.MULTILINE)
     for path in (PKG / "model").rglob("*.py"):
         assert not imports.search(path.read_text()), path
     # and importing the model does not pull it in as a side effect of nlq's own modules
@@ -30,5 +30,5 @@ def test_no_pickle_eval_or_exec_in_package():
 def test_cli_help_lists_every_command():
     out = subprocess.run([sys.executable, "-m", "nlq", "--help"], capture_output=True,
                          text=True, check=True).stdout
-    for cmd in ("params", "prepare", "train", "reproduce", "report"):
+    for cmd in ("config", "params", "prepare", "train", "reproduce", "report"):
         assert cmd in out

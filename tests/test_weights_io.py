@@ -5,6 +5,7 @@ safetensors + JSON (no pickle, unlike the official code's checkpoints)."""
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import struct
 
@@ -13,11 +14,13 @@ import torch
 
 from nlq.config import ModelConfig
 from nlq.errors import NlqError
+from nlq.model.query import QUERIES
 from nlq.model.transformer import Transformer
 
 
 def tiny(**kw) -> ModelConfig:
-    base = dict(vocab_size=100, block_size=16, n_layer=2, n_head=4, d_model=32, mlp_hidden=64)
+    base = {"vocab_size": 100, "block_size": 16, "n_layer": 2, "n_head": 4, "d_model": 32,
+            "mlp_hidden": 64}
     base.update(kw)
     return ModelConfig(**base)
 
@@ -41,13 +44,12 @@ def states_equal(a: Transformer, b: Transformer) -> bool:
 IDX = torch.randint(0, 100, (2, 10), generator=torch.Generator().manual_seed(0))
 
 
-@pytest.mark.parametrize(
-    "kw",
-    [dict(query="linear"), dict(query="nonlinear", bias=True), dict(query="identity"),
-     dict(query="residual", tie_embeddings=False), dict(query="nonlinear", pos_emb="rope",
-                                                         n_kv_head=2, qk_norm=True)],
-    ids=str,
-)
+ROUND_TRIPS = [{"query": q} for q in sorted(QUERIES)] + [
+    {"query": "nonlinear", "bias": True}, {"query": "residual", "tie_embeddings": False},
+    {"query": "nonlinear", "pos_emb": "rope", "n_kv_head": 2, "qk_norm": True}]
+
+
+@pytest.mark.parametrize("kw", ROUND_TRIPS, ids=str)
 def test_round_trip_is_bitwise(tmp_path, kw):
     cfg = tiny(**kw)
     m = trained_like(cfg)
@@ -96,7 +98,7 @@ def test_checkpoint_is_safetensors_and_json_without_pickle(tmp_path):
     assert cfg == dataclasses.asdict(m.cfg)
     # header + raw tensor bytes and nothing else: the data offsets tile the body exactly
     spans = sorted(tuple(header[k]["data_offsets"]) for k in names)
-    assert spans[0][0] == 0 and all(a[1] == b[0] for a, b in zip(spans, spans[1:]))
+    assert spans[0][0] == 0 and all(a[1] == b[0] for a, b in itertools.pairwise(spans))
     assert 8 + n + spans[-1][1] == len(raw)
 
 
@@ -129,6 +131,21 @@ def test_linear_checkpoint_into_nonlinear_model(tmp_path):
     assert torch.all(nl.blocks[0].attn.q.out_norm.weight == 1)
 
 
+@pytest.mark.parametrize(("src", "dst"), list(itertools.product(sorted(QUERIES), repeat=2)))
+def test_every_variant_checkpoint_loads_into_every_variant(tmp_path, src, dst):
+    """Keys and values are attn.k_proj / attn.v_proj in every variant: everything outside
+    the query module moves between variants unchanged."""
+    m = trained_like(tiny(query=src))
+    m.save_pretrained(tmp_path)
+    back = Transformer.from_pretrained(tmp_path, query=dst)
+    assert back.cfg.query == dst
+    ms, bs = m.state_dict(), back.state_dict()
+    shared = [k for k in bs if ".attn.q." not in k]
+    assert set(shared) == {k for k in ms if ".attn.q." not in k}
+    for k in shared:
+        assert torch.equal(bs[k], ms[k]), k
+
+
 def test_load_weights_reports_what_it_skipped():
     lin = trained_like(tiny(query="linear"))
     nl = Transformer(tiny(query="nonlinear"))
@@ -154,3 +171,7 @@ def test_from_pretrained_errors(tmp_path):
         Transformer.from_pretrained(tmp_path, query="quadratic")
     with pytest.raises(NlqError, match="model.n_layers"):
         Transformer.from_pretrained(tmp_path, n_layers=3)
+    with pytest.raises(NlqError, match="model.n_layer"):
+        Transformer.from_pretrained(tmp_path, n_layer="3")
+    with pytest.raises(NlqError, match="model.d_model"):
+        Transformer.from_pretrained(tmp_path, d_model=30)

@@ -5,11 +5,12 @@ The plain path materialises (N, V) logits, their log-softmax, its gradient and a
 one-hot gradient: four (N, V) fp32 tensors per step. At the tiny benchmark shape (N = 2048,
 V = 8192) each is 64 MiB, above glibc's largest mmap threshold (32 MiB), so every one comes
 from fresh pages and is page-faulted in again at every step; with the log-softmax passes
-this was ~11% of a CPU training step (issue 7, benchmarks/RESULTS.md). Here the loss is
-computed chunk by chunk of rows and each chunk's gradient (softmax - one-hot) is formed while
-its logits are still in cache, then turned at once into the gradients of the hidden states
-and of the weight; only (N, C) and (V, C) gradients are kept for backward (as Liger-Kernel's
-fused linear cross-entropy does on GPU). Same math as F.cross_entropy(h @ W.T, y).
+this was ~11% of a CPU training step (benchmarks/RESULTS.md, the train_bench section on the
+CPU fast paths). Here the loss is computed chunk by chunk of rows and each chunk's gradient
+(softmax - one-hot) is formed while its logits are still in cache, then turned at once into
+the gradients of the hidden states and of the weight; only (N, C) and (V, C) gradients are
+kept for backward (as Liger-Kernel's fused linear cross-entropy does on GPU). Same math as
+F.cross_entropy(h @ W.T, y).
 """
 
 from __future__ import annotations

@@ -5,144 +5,22 @@ Each module maps the block's pre-attention normalised input x (B, T, C) to the q
 (B, T, C) and exposes `scale_factor`, a constant the attention multiplies into its logit
 scale (1 except for the folded nonlinear query). Keys and values are not here: they are
 `attn.k_proj` / `attn.v_proj` in every variant, so their weights move between variants.
+A new variant is a new class registered in QUERIES: config validation (model.query) and
+the tests that loop over variants read the registry.
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
-import torch.nn as nn
-import torch.nn.functional as F
+from torch import nn
 
-from nlq.config import ModelConfig
+from nlq.model import kernels
+from nlq.model.layers import ACTIVATIONS, RMSNorm, make_norm
 
-
-def _rstd(x: torch.Tensor, eps: float) -> torch.Tensor:
-    """1 / sqrt(mean(x^2) + eps) over the last dim, (..., 1); mean(x^2) as one fused
-    reduction, ||x||^2 / C."""
-    ms = torch.linalg.vector_norm(x, dim=-1, keepdim=True).square_().div_(x.shape[-1])
-    return torch.rsqrt(ms.add_(eps))
-
-
-class _RMSNormCPU(torch.autograd.Function):
-    """y = x * rstd * w, rstd = 1 / sqrt(mean(x^2) + eps), with a hand-written backward.
-
-    On CPU (torch 2.13) F.rms_norm runs as a chain of unfused ops whose backward broadcasts
-    and reduces through slow paths: fwd+bwd of a (2048, 256) input took ~3.6 ms against
-    ~0.3 ms for the fused layer_norm (benchmarks/RESULTS.md), most of the nonlinear query's
-    overhead (issue 7). Used by QK-norm and where _NonlinearQueryCPU does not apply; the same
-    math in a few in-place passes:
-        dx = rstd * (g*w - xhat * mean(g*w * xhat)),   dw = sum over rows of g * xhat.
-    """
-
-    @staticmethod
-    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-        rstd = _rstd(x, eps)  # (..., 1)
-        ctx.save_for_backward(x, weight, rstd)
-        return torch.mul(x, rstd).mul_(weight)
-
-    @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx, g: torch.Tensor):
-        x, weight, rstd = ctx.saved_tensors
-        xhat = x * rstd  # (..., C)
-        dw = None
-        if ctx.needs_input_grad[1]:
-            dw = (g * xhat).reshape(-1, x.shape[-1]).sum(0)  # (N, C) -> (C,)
-        dx = None
-        if ctx.needs_input_grad[0]:
-            gw = g * weight
-            dot = (gw * xhat).mean(-1, keepdim=True)  # (..., 1)
-            dx = torch.addcmul(gw, xhat, dot, value=-1.0).mul_(rstd)
-        return dx, dw, None
-
-
-class _NonlinearQueryCPU(torch.autograd.Function):
-    """q = x + LN(act(RMSNorm(x) W1^T) W2^T), the paper's query (no biases), in one autograd
-    node with a hand-written backward, exact (CPU fast path, issue 7).
-
-    On CPU the query's extra cost over a linear one is memory traffic, not FLOPs: the same
-    C^2 multiply-adds, plus elementwise passes over (N, C) and (N, r) tensors that run after
-    the GEMMs have evicted them from cache. This form removes the passes autograd would make:
-    - the in-norm's gain is folded into W1 and its 1/rms applied to the (N, r) product,
-      RMSNorm(x) W1^T = rstd * x (W1 g)^T, so no normalised (N, C) copy of x exists;
-    - the identity term is added into the LayerNorm output in place, and its gradient is
-      the starting value of the dx GEMM (addmm_) instead of a separate accumulation;
-    - the (N, r) temporaries are scaled in place.
-    Backward, with u = x (W1 g)^T, h = rstd * u, a = act(h), z = a W2^T, dq the incoming grad:
-        dz = LN'(dq),  dW2 = dz^T a,  dh = act'(dz W2),  du = dh * rstd,
-        dx = dq + du (W1 g) - x * rstd / C * sum_j(du_j h_j),
-        d(W1 g) = du^T x,  dW1 = d(W1 g) * g,  dg = sum over rows of d(W1 g) * W1.
-    (The rstd term: d rstd / dx = -rstd^3 x / C, and sum_j dh_j u_j = sum_j du_j h_j / rstd^2.)
-    """
-
-    @staticmethod
-    def forward(ctx, x, g, w1, w2, ln_w, ln_b, eps_in: float, eps_out: float, approx: str):
-        C = x.shape[-1]
-        x2 = x.reshape(-1, C)  # (N, C)
-        rstd = _rstd(x2, eps_in)  # (N, 1)
-        wg = w1 * g  # (r, C)
-        h = torch.mm(x2, wg.t()).mul_(rstd)  # (N, r)
-        a = F.gelu(h, approximate=approx)  # (N, r)
-        z = torch.mm(a, w2.t())  # (N, C)
-        q, mean, rstd_out = torch.native_layer_norm(z, (C,), ln_w, ln_b, eps_out)
-        q.add_(x2)  # the identity term, in place (layer_norm's backward does not need q)
-        ctx.save_for_backward(x2, g, w1, w2, wg, rstd, h, a, z, mean, rstd_out, ln_w, ln_b)
-        ctx.approx = approx
-        return q.view(x.shape)  # (..., C)
-
-    @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx, dq):
-        x2, g, w1, w2, wg, rstd, h, a, z, mean, rstd_out, ln_w, ln_b = ctx.saved_tensors
-        N, C = x2.shape
-        dq2 = dq.reshape(N, C)  # (N, C)
-        need = ctx.needs_input_grad
-        dz, d_lnw, d_lnb = torch.ops.aten.native_layer_norm_backward(
-            dq2, z, (C,), mean, rstd_out, ln_w, ln_b,
-            [True, ln_w is not None and need[4], ln_b is not None and need[5]])
-        dw2 = torch.mm(dz.t(), a) if need[3] else None  # (C, r)
-        du = torch.ops.aten.gelu_backward(torch.mm(dz, w2), h, approximate=ctx.approx)
-        du.mul_(rstd)  # (N, r)
-        dx = None
-        if need[0]:
-            s = torch.linalg.vecdot(du, h).unsqueeze_(-1)  # (N, 1): sum_j du_j h_j
-            dx = torch.addcmul(dq2, x2, s.mul_(rstd), value=-1.0 / C)  # (N, C)
-            dx = dx.addmm_(du, wg).view(dq.shape)  # (..., C)
-        dwg = torch.mm(du.t(), x2) if need[1] or need[2] else None  # (r, C)
-        dg = (dwg * w1).sum(0) if need[1] else None
-        dw1 = dwg * g if need[2] else None
-        return dx, dg, dw1, dw2, d_lnw, d_lnb, None, None, None
-
-
-class RMSNorm(nn.Module):
-    """RMSNorm with a learnable gain (no bias): F.rms_norm, or its CPU fast path above."""
-
-    def __init__(self, dim: int, eps: float = 1e-5):
-        super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.ones(dim))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.device.type == "cpu" and x.dtype == self.weight.dtype:
-            return _RMSNormCPU.apply(x, self.weight, self.eps)
-        return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
-
-
-def make_norm(kind: str, dim: int, bias: bool, eps: float) -> nn.Module:
-    if kind == "layernorm":
-        return nn.LayerNorm(dim, eps=eps, bias=bias)
-    if kind == "rmsnorm":
-        return RMSNorm(dim, eps=eps)
-    return nn.Identity()
-
-
-ACTIVATIONS = {
-    "gelu": nn.GELU,
-    "gelu_tanh": lambda: nn.GELU(approximate="tanh"),
-    "relu": nn.ReLU,
-    "silu": nn.SiLU,
-    "tanh": nn.Tanh,
-}
+if TYPE_CHECKING:  # the modules read cfg's fields; importing nlq.config here would be a cycle
+    from nlq.config import ModelConfig
 
 
 class LinearQuery(nn.Module):
@@ -184,7 +62,8 @@ class ResidualQuery(nn.Module):
 
 
 class NonlinearQuery(nn.Module):
-    """Q = (X + f(X)) / 2,  f(X) = LN(GELU(RMSNorm(X) W1) W2)  (Karbevski 2026, eq. for Q(X)).
+    """Q = (X + f(X)) / 2,  f(X) = LN(GELU(RMSNorm(X) W1) W2)  (Karbevski 2026; docs/paper.md,
+    "The nonlinear query").
 
     W1: C x r, W2: r x C with r = C/2 by default, so f has C^2 weights plus two norm gains.
     The identity term anchors f to the known-good identity query. With nl_half = "fold"
@@ -199,21 +78,21 @@ class NonlinearQuery(nn.Module):
         self.act = ACTIVATIONS[cfg.nl_act]()
         self.w2 = nn.Linear(cfg.rank, cfg.d_model, bias=cfg.bias)
         # The output norm starts at weight 1, bias 0 (nn defaults): f(X) has zero mean and
-        # unit variance per token at init, on the scale of the normalised X (PAPER.md).
+        # unit variance per token at init, on the scale of the normalised X (docs/paper.md,
+        # "The nonlinear query").
         self.out_norm = make_norm(cfg.nl_out_norm, cfg.d_model, cfg.bias, cfg.norm_eps)
         self.explicit_half = cfg.nl_half == "explicit"
         self.scale_factor = 1.0 if self.explicit_half else 0.5
-        self.cpu_fast_path = True  # False: always the modules (benchmarks' "+modules")
 
     def f(self, x: torch.Tensor) -> torch.Tensor:
         h = self.w1(self.in_norm(x))  # (B, T, r)
         return self.out_norm(self.w2(self.act(h)))
 
     def fused_cpu(self, x: torch.Tensor) -> bool:
-        """Whether forward takes _NonlinearQueryCPU: the paper's f (RMSNorm in, GELU,
-        LayerNorm out, no biases) on CPU in fp32/fp64 without autocast. Everything else
-        (GPU, autocast, biases, other norms or activations) runs the modules above."""
-        return (self.cpu_fast_path and isinstance(self.in_norm, RMSNorm)
+        """Whether forward takes kernels.NonlinearQueryCPU: the paper's f (RMSNorm in, GELU,
+        LayerNorm out, no biases) on CPU in fp32/fp64 without autocast, kernels enabled.
+        Everything else (GPU, autocast, biases, other norms or activations) runs f."""
+        return (kernels.enabled() and isinstance(self.in_norm, RMSNorm)
                 and isinstance(self.out_norm, nn.LayerNorm) and isinstance(self.act, nn.GELU)
                 and self.w1.bias is None and self.w2.bias is None
                 and x.device.type == "cpu" and not torch.is_autocast_enabled("cpu")
@@ -221,7 +100,7 @@ class NonlinearQuery(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.fused_cpu(x):
-            q = _NonlinearQueryCPU.apply(
+            q = kernels.NonlinearQueryCPU.apply(
                 x, self.in_norm.weight, self.w1.weight, self.w2.weight, self.out_norm.weight,
                 self.out_norm.bias, self.in_norm.eps, self.out_norm.eps, self.act.approximate)
         else:

@@ -12,14 +12,15 @@ import math
 from pathlib import Path
 
 import torch
-import torch.nn as nn
 import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
+from torch import nn
 
-from nlq.config import ModelConfig, _build_section, validate, Config
+from nlq.config import ModelConfig, model_config_from_dict
 from nlq.errors import NlqError
+from nlq.model.layers import RMSNorm
 from nlq.model.loss import linear_cross_entropy
-from nlq.model.query import RMSNorm, make_query
+from nlq.model.query import make_query
 
 
 def rope_cache(cfg: ModelConfig) -> tuple[torch.Tensor, torch.Tensor]:
@@ -134,10 +135,11 @@ class Transformer(nn.Module):
         """GPT-2 / nanoGPT init: N(0, 0.02) for weights and embeddings, zero biases, residual
         output projections N(0, 0.02 / sqrt(2 n_layer)); norms at weight 1, bias 0."""
         std = self.cfg.init_std
+        resid_std = std / math.sqrt(2 * self.cfg.n_layer)
         for name, mod in self.named_modules():
             if isinstance(mod, nn.Linear):
-                resid = name.endswith("attn.o_proj") or name.endswith("mlp.proj")
-                nn.init.normal_(mod.weight, 0.0, std / math.sqrt(2 * self.cfg.n_layer) if resid else std)
+                resid = name.endswith(("attn.o_proj", "mlp.proj"))
+                nn.init.normal_(mod.weight, 0.0, resid_std if resid else std)
                 if mod.bias is not None:
                     nn.init.zeros_(mod.bias)
             elif isinstance(mod, nn.Embedding):
@@ -193,7 +195,7 @@ class Transformer(nn.Module):
     # -- parameter counts ------------------------------------------------------------
     def num_params(self, non_embedding: bool = False) -> int:
         """A tied matrix counts once. Non-embedding drops the token and position tables
-        (the paper's convention, PAPER.md)."""
+        (the paper's convention, docs/paper.md, "Parameter counts")."""
         n = sum(p.numel() for p in self.parameters())
         if non_embedding:
             n -= self.wte.weight.numel()
@@ -237,7 +239,7 @@ class Transformer(nn.Module):
         (path / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True))
 
     @classmethod
-    def from_pretrained(cls, path: str | Path, **overrides) -> "Transformer":
+    def from_pretrained(cls, path: str | Path, **overrides) -> Transformer:
         """Load save_pretrained() output. overrides change model keys (e.g. query=...); the
         weights that still fit are loaded and the rest keep their init."""
         path = Path(path)
@@ -246,8 +248,7 @@ class Transformer(nn.Module):
         except FileNotFoundError:
             raise NlqError(f"no config.json in {path}") from None
         raw.update(overrides)
-        cfg = _build_section("model", ModelConfig, raw)
-        validate(Config(model=cfg))
+        cfg = model_config_from_dict(raw)
         model = cls(cfg)
         model.load_weights(load_file(str(path / "model.safetensors")), strict=not overrides)
         return model

@@ -1,0 +1,274 @@
+"""The config's schema: frozen dataclasses, one per TOML section, and their plain-data forms.
+
+A run's config has three sections, [model], [train] and [data]. Every field has a default
+and a docstring (the string literal under it; `nlq config --doc` prints them). The defaults
+are the paper's GPT-3-small recipe (docs/paper.md, "The training recipe"). Building a config
+from plain data (from_dict, model_config_from_dict, Config.replace) checks every key, type
+and value (nlq/config/validate.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+import tomli_w
+
+from nlq.config.validate import build_section, validate, validate_model
+from nlq.errors import NlqError
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    arch: str = "decoder"
+    """decoder (causal LM) | encoder (bidirectional, masked-LM head) | prefix (prefix-LM).
+    The paper trains a decoder; its argument covers every mask (docs/paper.md, "The
+    nonlinear query")."""
+    vocab_size: int = 50304
+    """Token ids 0..vocab_size-1; GPT-2's 50257 padded to a multiple of 64, as the paper
+    (docs/paper.md, "The training recipe")."""
+    block_size: int = 1024
+    """Context length T in tokens; also the size of the learned position table. The paper:
+    1024 (docs/paper.md, "The training recipe")."""
+    n_layer: int = 12
+    """Transformer blocks. The paper (GPT-3 small): 12 (docs/paper.md, "The training
+    recipe")."""
+    n_head: int = 12
+    """Query heads; d_model / n_head = head_dim must be whole. The paper: 12 heads of 64
+    (docs/paper.md, "The training recipe")."""
+    n_kv_head: int | None = None
+    """Key/value heads for grouped-query attention; None means n_head (plain MHA, as the
+    paper), 1 is MQA. Must divide n_head."""
+    d_model: int = 768
+    """Model width C, the size of the residual stream. The paper: 768 (docs/paper.md, "The
+    training recipe")."""
+    mlp_hidden: int | None = None
+    """MLP width; None means 4 * d_model. The paper: 4d = 3072, and 4.75d = 3648 in its
+    +12.5% arm (docs/paper.md, "The other arms")."""
+    bias: bool = False
+    """Biases in every Linear and LayerNorm; RMSNorm has a gain only. The paper: none
+    (docs/paper.md, "The training recipe")."""
+    tie_embeddings: bool = True
+    """The output head shares the token embedding matrix. The paper: tied (docs/paper.md,
+    "The training recipe")."""
+    dropout: float = 0.0
+    """Dropout probability in [0, 1) on the embeddings, the attention weights and the
+    residual branches. The paper: 0 (docs/paper.md, "The training recipe")."""
+    pos_emb: str = "learned"
+    """learned (absolute, GPT-2; the paper's nanoGPT model) | rope (rotary, applied to q and
+    k) | none."""
+    rope_base: float = 10000.0
+    """RoPE base b > 0: pair j of a head rotates by position * b^(-2j/head_dim) radians.
+    Used only with pos_emb = "rope"."""
+    qk_norm: bool = False
+    """RMSNorm on q and k per head (the stronger linear baseline of current recipes; not in
+    the paper)."""
+    query: str = "linear"
+    """Query variant, a name in nlq.model.query.QUERIES: linear | identity | residual |
+    nonlinear (docs/paper.md, "The nonlinear query" and "The other arms")."""
+    attn_scale: float | None = None
+    """Attention logit scale > 0; None means 1/sqrt(head_dim). A query variant may multiply it
+    (the nonlinear query with nl_half = "fold" multiplies it by 1/2, as the official code;
+    docs/paper.md, "The nonlinear query")."""
+    nl_rank: int | None = None
+    """Bottleneck width r >= 1 of f; None means d_model // 2, the paper's r = d/2, which
+    gives f d^2 weights (docs/paper.md, "The nonlinear query")."""
+    nl_act: str = "gelu"
+    """Activation inside f, a name in nlq.model.layers.ACTIVATIONS: gelu | gelu_tanh | relu |
+    silu | tanh. The paper: gelu, the exact erf form (docs/paper.md, "The nonlinear
+    query")."""
+    nl_in_norm: str = "rmsnorm"
+    """Norm on f's input, a name in nlq.model.layers.NORMS: rmsnorm | layernorm | none. The
+    paper: rmsnorm (docs/paper.md, "The nonlinear query")."""
+    nl_out_norm: str = "layernorm"
+    """Norm on f's output, a name in nlq.model.layers.NORMS: layernorm | rmsnorm | none. The
+    paper: layernorm (docs/paper.md, "The nonlinear query")."""
+    nl_half: str = "fold"
+    """Where the 1/2 of (X + f(X))/2 goes: fold (into the attention scale, as the official
+    code) | explicit (Q is scaled). The two give the same output unless qk_norm is on
+    (docs/paper.md, "The nonlinear query")."""
+    norm_eps: float = 1e-5
+    """Epsilon > 0 added to the variance in every LayerNorm and RMSNorm (GPT-2's 1e-5)."""
+    init_std: float = 0.02
+    """Std of the normal init of weights and embeddings; the residual output projections get
+    init_std / sqrt(2 n_layer) (GPT-2, nanoGPT)."""
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_head
+
+    @property
+    def kv_heads(self) -> int:
+        return self.n_head if self.n_kv_head is None else self.n_kv_head
+
+    @property
+    def mlp_width(self) -> int:
+        return 4 * self.d_model if self.mlp_hidden is None else self.mlp_hidden
+
+    @property
+    def rank(self) -> int:
+        return self.d_model // 2 if self.nl_rank is None else self.nl_rank
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    micro_batch: int = 12
+    """Sequences per micro-step per process. The paper: 12 (docs/paper.md, "The training
+    recipe")."""
+    grad_accum: int = 40
+    """Micro-steps per optimizer step, summed over all processes. The paper: 40
+    (docs/paper.md, "The training recipe")."""
+    max_steps: int = 60002
+    """Optimizer steps of the run; the cosine decay reaches min_lr at the last one. The
+    paper: 60,002 steps, about 29.5B tokens (docs/paper.md, "The training recipe")."""
+    lr: float = 6e-4
+    """Peak learning rate > 0, reached after warmup. The paper's baseline: 6e-4
+    (docs/paper.md, "The training recipe")."""
+    min_lr: float = 6e-5
+    """Learning rate at the last step, the end of the cosine decay; 0 <= min_lr <= lr. The
+    paper's baseline: 6e-5 (docs/paper.md, "The training recipe")."""
+    warmup_steps: int = 2000
+    """Steps of linear warmup up to lr (nanoGPT), then cosine decay to min_lr. The paper:
+    2000 (docs/paper.md, "The training recipe")."""
+    beta1: float = 0.9
+    """AdamW beta1 in [0, 1). The paper: 0.9 (docs/paper.md, "The training recipe")."""
+    beta2: float = 0.95
+    """AdamW beta2 in [0, 1). The paper: 0.95 (docs/paper.md, "The training recipe")."""
+    eps: float = 1e-8
+    """AdamW epsilon > 0 (torch's default)."""
+    weight_decay: float = 0.1
+    """AdamW decay >= 0 on 2-D weight matrices only; norms and biases never. The paper's
+    baseline: 0.1 (docs/paper.md, "The training recipe")."""
+    decay_embeddings: bool = True
+    """Whether the token/position embedding matrices are decayed too; nanoGPT and the paper
+    decay every 2-D parameter, embeddings included (docs/paper.md, "The training recipe")."""
+    grad_clip: float = 1.0
+    """Clip the global grad norm to this (>= 0); 0 turns clipping off. The paper: 1.0
+    (docs/paper.md, "The training recipe")."""
+    eval_interval: int = 1000
+    """Steps between validation evaluations; the final step always evaluates. The paper:
+    1000 (docs/paper.md, "The training recipe")."""
+    eval_batches: int = 200
+    """Fixed val windows = eval_batches * micro_batch. The paper: 200 x 12 (docs/paper.md,
+    "The training recipe")."""
+    log_interval: int = 10
+    """Steps between train-loss lines in the run's log."""
+    ckpt_interval: int = 1000
+    """Steps between checkpoints; the final step and a stop by signal always save one."""
+    keep_checkpoints: int = 2
+    """How many of the newest checkpoints stay on disk; older ones are deleted."""
+    seed: int = 1337
+    """Model init (and dropout/masking) seed; the data order has its own seed (data.seed)."""
+    device: str = "auto"
+    """auto | cpu | cuda | cuda:N."""
+    precision: str = "auto"
+    """auto (fp32 on CPU, bf16 autocast on CUDA) | fp32 | bf16. The paper: bf16 autocast
+    (docs/paper.md, "The training recipe")."""
+    compile: bool = False
+    """torch.compile every block. The paper's runs compile (docs/paper.md, "The training
+    recipe"); off by default so that a CPU run starts at once."""
+    fused_adamw: bool = True
+    """Use torch's fused AdamW kernel (CUDA and CPU); other devices reject it."""
+    objective: str = "auto"
+    """auto (clm for decoder/prefix, mlm for encoder) | clm | mlm."""
+    mlm_prob: float = 0.15
+    """Masked-LM: fraction of tokens predicted, in (0, 1) (80% [MASK], 10% random, 10%
+    unchanged)."""
+    prefix_frac: float = 0.5
+    """Prefix-LM: the first prefix_frac * T tokens, prefix_frac in [0, 1), attend
+    bidirectionally and carry no loss."""
+    parallel: str = "ddp"
+    """Multi-process wrapping under torchrun: ddp | fsdp (FSDP2 fully_shard)."""
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    dir: str = "data/owt-gpt2"
+    """Folder written by `nlq prepare` (train.bin, val.bin, meta.json)."""
+    seed: int = 2357
+    """Seed of the batch schedule: same seed, same batches in the same order for every arm
+    (docs/paper.md, "The training recipe")."""
+
+
+@dataclass(frozen=True)
+class Config:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+
+    def to_dict(self) -> dict:
+        return {s.name: _section_dict(getattr(self, s.name)) for s in dataclasses.fields(self)}
+
+    def to_toml(self) -> str:
+        return tomli_w.dumps(_drop_none(self.to_dict()))
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True)
+
+    def replace(self, **overrides: Any) -> Config:
+        """Copy with dotted overrides, e.g. replace(**{"model.query": "nonlinear"})."""
+        return from_dict(apply_overrides(self.to_dict(), overrides))
+
+
+# section name -> its dataclass, in file order
+SECTIONS: dict[str, type] = {f.name: f.default_factory for f in dataclasses.fields(Config)}
+
+
+def _section_dict(obj) -> dict:
+    return {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)}
+
+
+def _drop_none(d: dict) -> dict:
+    """TOML has no null: an unset Optional is written as an absent key (its default)."""
+    return {k: (_drop_none(v) if isinstance(v, dict) else v) for k, v in d.items() if v is not None}
+
+
+def from_dict(d: dict) -> Config:
+    """A validated Config from {section: {key: value}}; missing keys keep their defaults."""
+    if not isinstance(d, dict):
+        raise NlqError("a config must be a table with [model], [train] and [data] sections")
+    unknown = sorted(set(d) - set(SECTIONS))
+    if unknown:
+        raise NlqError(
+            f"unknown config section '{unknown[0]}' (known sections: {', '.join(SECTIONS)})"
+        )
+    parts = {}
+    for name, cls in SECTIONS.items():
+        raw = d.get(name, {})
+        if not isinstance(raw, dict):
+            raise NlqError(f"config key '{name}' must be a table, got {raw!r}")
+        parts[name] = build_section(name, cls, raw)
+    cfg = Config(**parts)
+    validate(cfg)
+    return cfg
+
+
+def model_config_from_dict(raw: dict) -> ModelConfig:
+    """A validated ModelConfig from {key: value} (e.g. a checkpoint's config.json): unknown
+    keys, wrong types and impossible values raise NlqError naming `model.<key>`."""
+    if not isinstance(raw, dict):
+        raise NlqError(f"a model config must be a table of model keys, got {raw!r}")
+    m = build_section("model", ModelConfig, raw)
+    validate_model(m)
+    return m
+
+
+def apply_overrides(d: dict, overrides: dict[str, Any]) -> dict:
+    """d with dotted keys set; an override to an unknown key is an error naming it."""
+    d = json.loads(json.dumps(d))  # deep copy of plain data
+    for key, value in overrides.items():
+        parts = key.split(".")
+        if len(parts) != 2 or parts[0] not in SECTIONS:
+            raise NlqError(
+                f"unknown config key '{key}' (use section.key with section one of "
+                f"{', '.join(SECTIONS)})"
+            )
+        sec, name = parts
+        known = {f.name for f in dataclasses.fields(SECTIONS[sec])}
+        if name not in known:
+            raise NlqError(f"unknown config key '{key}' (known keys of [{sec}]: "
+                           f"{', '.join(sorted(known))})")
+        d.setdefault(sec, {})[name] = value
+    return d

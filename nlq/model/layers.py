@@ -1,0 +1,51 @@
+"""Norms and activations by name: the registries the config's choices are checked against.
+
+NORMS maps a config string (model.nl_in_norm, model.nl_out_norm) to a builder
+(dim, bias, eps) -> nn.Module; ACTIVATIONS maps model.nl_act to a module factory. A new
+choice is a new entry here; config validation reads these dicts, so it needs no other edit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from nlq.model import kernels
+
+
+class RMSNorm(nn.Module):
+    """RMSNorm with a learnable gain (no bias): F.rms_norm, or on CPU the same math as
+    kernels.RMSNormCPU (F.rms_norm's CPU backward is several times slower)."""
+
+    def __init__(self, dim: int, eps: float = 1e-5):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if kernels.enabled() and x.device.type == "cpu" and x.dtype == self.weight.dtype:
+            return kernels.RMSNormCPU.apply(x, self.weight, self.eps)
+        return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
+
+
+NORMS: dict[str, Callable[[int, bool, float], nn.Module]] = {
+    "layernorm": lambda dim, bias, eps: nn.LayerNorm(dim, eps=eps, bias=bias),
+    "rmsnorm": lambda dim, bias, eps: RMSNorm(dim, eps=eps),  # a gain only, never a bias
+    "none": lambda dim, bias, eps: nn.Identity(),
+}
+
+
+def make_norm(kind: str, dim: int, bias: bool, eps: float) -> nn.Module:
+    return NORMS[kind](dim, bias, eps)
+
+
+ACTIVATIONS: dict[str, Callable[[], nn.Module]] = {
+    "gelu": nn.GELU,
+    "gelu_tanh": lambda: nn.GELU(approximate="tanh"),
+    "relu": nn.ReLU,
+    "silu": nn.SiLU,
+    "tanh": nn.Tanh,
+}

@@ -1,0 +1,137 @@
+"""No import cycles between nlq's modules, counting imports inside functions too.
+
+An edge A -> B means module A imports nlq module B anywhere in its source (module level or
+inside a function); `from nlq.x import y` is an edge to nlq.x.y when y is a submodule, else
+to nlq.x; importing a package is an edge to its __init__. Imports under
+`if TYPE_CHECKING:` never run and are not edges. A cycle makes import order matter (a
+half-initialised module) and ties two rooms of the package together, so the graph must be
+acyclic.
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+PKG = Path(__file__).resolve().parents[1] / "nlq"
+
+
+def module_names(root: Path = PKG) -> dict[str, Path]:
+    """{dotted name: file} for every module of the package (a package is its __init__)."""
+    out = {}
+    for path in sorted(root.rglob("*.py")):
+        parts = list(path.relative_to(root.parent).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        out[".".join(parts)] = path
+    return out
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
+def imported(source: str, name: str, is_package: bool, modules) -> set[str]:
+    """The nlq modules (names in `modules`) that module `name` imports anywhere."""
+    out: set[str] = set()
+
+    def visit(node: ast.AST) -> None:
+        if isinstance(node, ast.If) and _is_type_checking(node.test):
+            for child in node.orelse:  # only the else branch runs
+                visit(child)
+            return
+        if isinstance(node, ast.Import):
+            out.update(a.name for a in node.names if a.name in modules)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # relative: from the module's own package upwards
+                pkg = name.split(".") if is_package else name.split(".")[:-1]
+                pkg = pkg[: len(pkg) - (node.level - 1)]
+                base = ".".join(pkg + ([base] if base else []))
+            for a in node.names:
+                sub = f"{base}.{a.name}"
+                if sub in modules:
+                    out.add(sub)
+                elif base in modules:
+                    out.add(base)
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+
+    visit(ast.parse(source))
+    out.discard(name)
+    return out
+
+
+def import_graph(root: Path = PKG) -> dict[str, set[str]]:
+    mods = module_names(root)
+    return {name: imported(path.read_text(), name, path.name == "__init__.py", mods)
+            for name, path in mods.items()}
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One cycle as [a, b, ..., a], or None (depth-first search, iterative)."""
+    state: dict[str, int] = {}  # 1 on the current path, 2 done
+    for start in sorted(graph):
+        if state.get(start):
+            continue
+        path, stack = [start], [iter(sorted(graph[start]))]
+        state[start] = 1
+        while stack:
+            nxt = next(stack[-1], None)
+            if nxt is None:
+                state[path.pop()] = 2
+                stack.pop()
+            elif state.get(nxt) == 1:
+                return path[path.index(nxt):] + [nxt]
+            elif not state.get(nxt):
+                state[nxt] = 1
+                path.append(nxt)
+                stack.append(iter(sorted(graph.get(nxt, ()))))
+    return None
+
+
+def test_nlq_import_graph_is_acyclic():
+    graph = import_graph()
+    assert "nlq.model.transformer" in graph["nlq.model.params"]  # the graph sees edges
+    cycle = find_cycle(graph)
+    assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def test_edges_count_function_level_and_submodule_imports_but_not_type_checking():
+    mods = {"nlq", "nlq.a", "nlq.b", "nlq.c", "nlq.pkg", "nlq.pkg.sub", "nlq.d"}
+    src = (
+        "from typing import TYPE_CHECKING\n"
+        "import torch\n"
+        "from nlq.a import thing\n"
+        "from nlq.pkg import sub\n"
+        "if TYPE_CHECKING:\n"
+        "    from nlq.d import Hint\n"
+        "def f():\n"
+        "    import nlq.b as b\n"
+        "    from . import c\n"
+    )
+    assert imported(src, "nlq.x", False, mods) == {"nlq.a", "nlq.pkg.sub", "nlq.b", "nlq.c"}
+
+
+def test_find_cycle_reports_the_cycle():
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": set()}) is None
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"a2"}, "a2": {"x"}, "x": {"a2"}}) == ["a2", "x", "a2"]
+
+
+def test_light_imports_stay_light():
+    """The query registry loads without the transformer or nlq.config; nlq.config (schema,
+    `nlq config --doc`) loads without torch."""
+    code = ("import sys; import nlq.model.query; a = sorted(m for m in sys.modules "
+            "if m.startswith(('nlq.config', 'nlq.model.transformer'))); "
+            "import nlq.config; print(a, 'torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, cwd=PKG.parent).stdout
+    assert out.strip() == "[] True"
+    code = "import sys, nlq.config; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, cwd=PKG.parent).stdout
+    assert out.strip() == "False"
