@@ -203,7 +203,8 @@ def set_up(cfg: Config, files: RunDir, world: dist.World, device: torch.device) 
     # after wrapping: FSDP2 replaces the parameters with sharded DTensors
     optimizer = make_optimizer(model, t, device)
     bf16 = t.precision == "bf16" or (t.precision == "auto" and device.type == "cuda")
-    autocast = torch.autocast(device.type, dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
+    autocast = (torch.autocast(device.type, dtype=torch.bfloat16) if bf16
+                else contextlib.nullcontext())
     armed = faults.from_env()
     if armed is not None:
         armed.attach(model, optimizer)
