@@ -295,7 +295,8 @@ def test_val_loss_is_nats_over_tokens(runs, data, arch):
     model.load_weights(load_file(str(final_ckpt(d) / "model.safetensors")))
     model.eval()
     T = m.block_size
-    windows = val_windows(TokenData.open(data).val, cfg.data.seed, t.eval_batches * t.micro_batch, T)
+    windows = val_windows(TokenData.open(data).val, cfg.data.seed,
+                          t.eval_batches * t.micro_batch, T)
     prefix = int(t.prefix_frac * T) if arch == "prefix" else 0
     nats, count = 0.0, 0
     with torch.no_grad():

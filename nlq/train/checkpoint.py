@@ -70,6 +70,14 @@ def flat_to_optim(flat: dict[str, torch.Tensor], param_groups: list[dict]) -> di
     return {"state": state, "param_groups": param_groups}
 
 
+def groups_json(groups: list[dict]) -> list[dict]:
+    """AdamW's param_groups without the parameters, as JSON values (tuples as lists): what
+    state.json keeps to rebuild the optimizer state dict (flat_to_optim)."""
+    return [{k: (list(v) if isinstance(v, tuple) else v) for k, v in g.items()
+             if isinstance(v, (int, float, str, bool, list, tuple)) or v is None}
+            for g in groups]
+
+
 def save(run_dir: Path, step: int, model_sd: dict, optim_flat: dict, state: dict,
          keep: int, on_stage: Callable[[str], None] | None = None) -> Path:
     """Write ckpt/step_{step} atomically, point `latest` at it, keep the newest `keep`.

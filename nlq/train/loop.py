@@ -88,7 +88,6 @@ class Run:
     device: torch.device
     files: RunDir
     batches: Batches
-    model: Transformer  # the bare model
     wrapped: torch.nn.Module  # what trains: the model under DDP / FSDP2, or the model itself
     optimizer: torch.optim.AdamW
     autocast: contextlib.AbstractContextManager  # bf16 autocast, or nothing
@@ -132,6 +131,7 @@ def train(cfg: Config, run_dir: str | Path, resume: bool = False, progress: bool
 
 
 def _train(run: Run, resume: bool, progress: bool) -> dict:
+    """Start (or resume), then step boundaries and optimizer steps until the last boundary."""
     t, world, files = run.cfg.train, run.world, run.files
     pos, fresh = start(run, resume)
     resumed_at = None if fresh else pos.step  # its boundary was done before the checkpoint
@@ -208,8 +208,7 @@ def set_up(cfg: Config, files: RunDir, world: dist.World, device: torch.device) 
     armed = faults.from_env()
     if armed is not None:
         armed.attach(model, optimizer)
-    return Run(cfg, world, device, files, batches, model, wrapped, optimizer, autocast, armed,
-               params)
+    return Run(cfg, world, device, files, batches, wrapped, optimizer, autocast, armed, params)
 
 
 def start(run: Run, resume: bool) -> tuple[Position, bool]:
@@ -294,7 +293,7 @@ def save_checkpoint(run: Run, pos: Position) -> None:
         model_sd.pop("lm_head.weight", None)  # safetensors stores no aliases
     state = {"step": pos.step, "tokens": pos.tokens, "elapsed": pos.elapsed,
              "metrics_bytes": run.files.metrics_bytes(), "model_config": cfg.to_dict()["model"],
-             "param_groups": _groups_json(optim_sd["param_groups"]),
+             "param_groups": checkpoint.groups_json(optim_sd["param_groups"]),
              "world_size": run.world.size, "nlq_version": __version__,
              "rng": "derived: dropout reseeded from (train.seed, step, rank)"}
     checkpoint.save(run.files.path, pos.step, {k: v.contiguous() for k, v in model_sd.items()},
@@ -345,9 +344,3 @@ def progress_bar(run: Run, step: int, progress: bool):
     finally:
         bar.close()
 
-
-def _groups_json(groups: list[dict]) -> list[dict]:
-    """AdamW's param_groups without the parameters, as JSON values (tuples as lists)."""
-    return [{k: (list(v) if isinstance(v, tuple) else v) for k, v in g.items()
-             if isinstance(v, (int, float, str, bool, list, tuple)) or v is None}
-            for g in groups]
