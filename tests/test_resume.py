@@ -207,3 +207,18 @@ def test_signal_before_the_first_step(tmp_path_factory, tmp_path, monkeypatch):
     loop.train(cfg, tmp_path / "ref", progress=False)
     assert_same_final(tmp_path / "ref", tmp_path / "run")
     assert untimed(metrics(tmp_path / "run")) == untimed(metrics(tmp_path / "ref"))
+
+
+def test_fault_points_are_read_once_and_checked(monkeypatch):
+    """Without NLQ_FAULT nothing is hooked into a run; a spec is parsed once, and a misspelt
+    point is an error rather than a crash test that never crashes."""
+    from nlq.errors import NlqError
+    from nlq.train import faults
+
+    monkeypatch.delenv("NLQ_FAULT", raising=False)
+    assert faults.from_env() is None
+    monkeypatch.setenv("NLQ_FAULT", "step@3, nan")
+    assert faults.from_env().armed == {"step": 3, "nan": 1}
+    monkeypatch.setenv("NLQ_FAULT", "stpe@3")
+    with pytest.raises(NlqError, match="stpe@3"):
+        faults.from_env()

@@ -205,7 +205,7 @@ def set_up(cfg: Config, files: RunDir, world: dist.World, device: torch.device) 
     bf16 = t.precision == "bf16" or (t.precision == "auto" and device.type == "cuda")
     autocast = (torch.autocast(device.type, dtype=torch.bfloat16) if bf16
                 else contextlib.nullcontext())
-    armed = faults.from_env()
+    armed = faults.from_env()  # the crash tests' kill points (NLQ_FAULT); None outside tests
     if armed is not None:
         armed.attach(model, optimizer)
     return Run(cfg, world, device, files, batches, wrapped, optimizer, autocast, armed, params)
