@@ -1,7 +1,9 @@
-"""Test tiers: the default run deselects `slow` (pyproject addopts); `gpu` tests skip
-without CUDA. In-process tests run on one intra-op thread: the tensors are tiny, and on a
-shared 2-core machine two threads spin-wait (measured 4x slower); subprocesses get
-OMP_NUM_THREADS=1 from tests/helpers.py."""
+"""Test tiers: the default run deselects `slow` and `dist` (pyproject addopts; `-m slow`,
+`-m dist` select them, scripts/test.sh runs the default and dist tiers); `gpu` tests skip
+without CUDA. Subprocesses run on the interpreter that runs pytest (tests/helpers.py). In-process
+tests run on one intra-op thread: the tensors are tiny, and on a shared 2-core machine two
+threads spin-wait (measured 4x slower); subprocesses get OMP_NUM_THREADS=1 from
+tests/helpers.py."""
 
 import pytest
 import torch

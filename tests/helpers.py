@@ -25,7 +25,8 @@ from safetensors.torch import load_file
 from nlq.config import Config, from_dict
 
 ROOT = Path(__file__).resolve().parents[1]
-PY = str(ROOT / ".venv" / "bin" / "python") if (ROOT / ".venv").is_dir() else sys.executable
+# subprocesses run on the interpreter that runs pytest: any venv with `pip install -e ".[dev]"`
+PY = sys.executable
 
 N_SYMBOLS = 300  # ids 0..299 occur in the text
 MASK_ID = 300  # reserved: never occurs in the text
@@ -125,8 +126,10 @@ def nlq_resume(run_dir: Path, **env_extra) -> subprocess.CompletedProcess:
 
 
 def torchrun_cmd(nproc: int, *args) -> list[str]:
-    return [str(ROOT / ".venv" / "bin" / "torchrun"), "--standalone", "--nproc_per_node",
-            str(nproc), "-m", "nlq", *map(str, args)]
+    """`torchrun ... -m nlq ARGS` as a module of PY's torch (no torchrun script on PATH needed);
+    its workers are its direct children."""
+    return [PY, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc),
+            "-m", "nlq", *map(str, args)]
 
 
 def popen_group(cmd: list[str], **env_extra) -> subprocess.Popen:

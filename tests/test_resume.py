@@ -187,22 +187,38 @@ def test_divergence_then_resume(short, tmp_path):
 def test_signal_before_the_first_step(tmp_path_factory, tmp_path, monkeypatch):
     """Stopped during the step-0 eval: nothing is saved (an AdamW without state would not
     resume exactly), and --resume starts the run again to the uninterrupted result."""
-    from nlq.train import faults, loop
+    from nlq.model import Transformer
+    from nlq.train import loop
 
     cfg = tiny_config(shared_data(tmp_path_factory))
-    real = faults.hit
+    forward = Transformer.forward
 
-    def hit(point):
-        if point == "eval":  # SIGINT: if train() had no handler, pytest stops, loudly
+    def signalling_forward(self, *a, **k):
+        if not self.training:  # SIGINT: if train() had no handler, pytest stops, loudly
             os.kill(os.getpid(), signal.SIGINT)
-        return real(point)
+        return forward(self, *a, **k)
 
-    monkeypatch.setattr(faults, "hit", hit)
+    monkeypatch.setattr(Transformer, "forward", signalling_forward)
     assert loop.train(cfg, tmp_path / "run", progress=False) == {"status": "interrupted",
                                                                  "step": 0}
     assert not (tmp_path / "run" / "ckpt").exists()
-    monkeypatch.setattr(faults, "hit", real)
+    monkeypatch.setattr(Transformer, "forward", forward)
     loop.train(cfg, tmp_path / "run", resume=True, progress=False)
     loop.train(cfg, tmp_path / "ref", progress=False)
     assert_same_final(tmp_path / "ref", tmp_path / "run")
     assert untimed(metrics(tmp_path / "run")) == untimed(metrics(tmp_path / "ref"))
+
+
+def test_fault_points_are_read_once_and_checked(monkeypatch):
+    """Without NLQ_FAULT nothing is hooked into a run; a spec is parsed once, and a misspelt
+    point is an error rather than a crash test that never crashes."""
+    from nlq.errors import NlqError
+    from nlq.train import faults
+
+    monkeypatch.delenv("NLQ_FAULT", raising=False)
+    assert faults.from_env() is None
+    monkeypatch.setenv("NLQ_FAULT", "step@3, nan")
+    assert faults.from_env().armed == {"step": 3, "nan": 1}
+    monkeypatch.setenv("NLQ_FAULT", "stpe@3")
+    with pytest.raises(NlqError, match="stpe@3"):
+        faults.from_env()

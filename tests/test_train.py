@@ -18,7 +18,7 @@ from nlq.config import TrainConfig
 from nlq.data.schedule import TokenData, val_windows
 from nlq.errors import NlqError
 from nlq.model import Transformer
-from nlq.train import loop
+from nlq.train import batches
 from nlq.train.loop import make_optimizer, train
 
 one_thread = helpers.one_thread  # autouse: tiny models run ~10x faster on one thread
@@ -201,7 +201,7 @@ def test_cuda_without_cuda_is_an_error(data, tmp_path):
 def test_mlm_encoder_trains_on_masked_tokens(data, tmp_path, monkeypatch):
     """objective mlm + arch encoder: finite falling loss, targets on ~mlm_prob of tokens."""
     seen = {}
-    real = loop.mlm_corrupt
+    real = batches.mlm_corrupt
 
     def spy(tokens, seed, key, prob, mask_id, vocab_size):
         x, y = real(tokens, seed, key, prob, mask_id, vocab_size)
@@ -211,7 +211,7 @@ def test_mlm_encoder_trains_on_masked_tokens(data, tmp_path, monkeypatch):
         s[2] += int((x == mask_id).sum())
         return x, y
 
-    monkeypatch.setattr(loop, "mlm_corrupt", spy)
+    monkeypatch.setattr(batches, "mlm_corrupt", spy)
     for prob in (0.15, 0.4):
         cfg = tiny_config(data, **{"model.arch": "encoder", "train.objective": "mlm",
                                    "train.mlm_prob": prob, "train.max_steps": 12})
@@ -295,7 +295,8 @@ def test_val_loss_is_nats_over_tokens(runs, data, arch):
     model.load_weights(load_file(str(final_ckpt(d) / "model.safetensors")))
     model.eval()
     T = m.block_size
-    windows = val_windows(TokenData.open(data).val, cfg.data.seed, t.eval_batches * t.micro_batch, T)
+    windows = val_windows(TokenData.open(data).val, cfg.data.seed,
+                          t.eval_batches * t.micro_batch, T)
     prefix = int(t.prefix_frac * T) if arch == "prefix" else 0
     nats, count = 0.0, 0
     with torch.no_grad():

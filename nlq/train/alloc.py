@@ -1,4 +1,5 @@
-"""Keep freed CPU memory in the process, so tensors rebuilt at every step are not faulted in again.
+"""Keep freed CPU memory in the process, so tensors rebuilt at every step are not faulted in
+again.
 
 A training step frees and re-allocates the same activation and gradient buffers (0.1-64 MiB)
 every step. glibc malloc serves blocks above its mmap threshold (dynamic, 128 KiB to 32 MiB)
@@ -6,8 +7,13 @@ with fresh mmap()s and gives the top of the heap back to the OS beyond its trim 
 those buffers come back as new pages that the kernel zeroes and faults in one 4 KiB page at a
 time (~0.5 ms per MiB here). Fixing both thresholds (the usual glibc tuning for PyTorch on
 CPU, like the jemalloc / tcmalloc advice) keeps the memory for reuse: about 7% faster steps
-at the tiny benchmark shape in two back-to-back benchmark runs (benchmarks/RESULTS.md). The process keeps up to its peak memory
-instead of returning it between steps, which is what a training process wants anyway.
+at the tiny benchmark shape in two back-to-back benchmark runs (benchmarks/RESULTS.md). The
+process keeps up to its peak memory instead of returning it between steps, which is what a
+training process wants anyway.
+
+This is a setting of the whole process, so the library never applies it: `nlq train` calls
+keep_freed_memory() on CPU before training (nlq/train/cli.py); code that calls
+nlq.train.loop.train() or runs its own CPU loop calls it once itself.
 """
 
 from __future__ import annotations

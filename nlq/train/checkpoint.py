@@ -20,6 +20,7 @@ import json
 import os
 import shutil
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,7 +30,6 @@ from safetensors.torch import load_file, save_file
 
 from nlq.errors import NlqError
 from nlq.fsutil import fsync, write_atomic
-from nlq.train import faults
 
 FORMAT = 1
 # what resuming reads from state.json (nlq/train/loop.py)
@@ -52,8 +52,6 @@ def sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-
-
 def optim_to_flat(osd: dict) -> dict[str, torch.Tensor]:
     """get_optimizer_state_dict(full) {"state": {fqn: {k: t}}} -> {"k/fqn": t}."""
     flat = {}
@@ -72,11 +70,22 @@ def flat_to_optim(flat: dict[str, torch.Tensor], param_groups: list[dict]) -> di
     return {"state": state, "param_groups": param_groups}
 
 
+def groups_json(groups: list[dict]) -> list[dict]:
+    """AdamW's param_groups without the parameters, as JSON values (tuples as lists): what
+    state.json keeps to rebuild the optimizer state dict (flat_to_optim)."""
+    return [{k: (list(v) if isinstance(v, tuple) else v) for k, v in g.items()
+             if isinstance(v, (int, float, str, bool, list, tuple)) or v is None}
+            for g in groups]
+
+
 def save(run_dir: Path, step: int, model_sd: dict, optim_flat: dict, state: dict,
-         keep: int) -> Path:
+         keep: int, on_stage: Callable[[str], None] | None = None) -> Path:
     """Write ckpt/step_{step} atomically, point `latest` at it, keep the newest `keep`.
     On any OSError (a full disk, a read-only dir) the partial dir is removed, the previous
-    checkpoints and `latest` are untouched, and an NlqError names the path."""
+    checkpoints and `latest` are untouched, and an NlqError names the path. on_stage(name)
+    runs after each stage of the write (the crash tests kill the process there,
+    nlq/train/faults.py)."""
+    stage = on_stage or (lambda _name: None)
     root = run_dir / "ckpt"
     name = f"step_{step:06d}"
     tmp = root / f".tmp-{name}"
@@ -87,9 +96,9 @@ def save(run_dir: Path, step: int, model_sd: dict, optim_flat: dict, state: dict
             shutil.rmtree(tmp)
         tmp.mkdir()
         save_file(model_sd, str(tmp / "model.safetensors"))
-        faults.hit("ckpt_model")
+        stage("ckpt_model")
         save_file(optim_flat, str(tmp / "optim.safetensors"))
-        faults.hit("ckpt_optim")
+        stage("ckpt_optim")
         files = {}
         for fname in ("model.safetensors", "optim.safetensors"):
             fsync(tmp / fname)
@@ -100,14 +109,14 @@ def save(run_dir: Path, step: int, model_sd: dict, optim_flat: dict, state: dict
             f.flush()
             os.fsync(f.fileno())
         fsync(tmp)
-        faults.hit("ckpt_state")
+        stage("ckpt_state")
         if final.exists():  # a checkpoint of this step from a run that was then interrupted
             shutil.rmtree(final)
         os.replace(tmp, final)
         fsync(root)
-        faults.hit("ckpt_rename")
+        stage("ckpt_rename")
         write_atomic(root / "latest", name + "\n")
-        faults.hit("ckpt_latest")
+        stage("ckpt_latest")
     except (OSError, SafetensorError) as e:  # safetensors reports ENOSPC as SafetensorError
         shutil.rmtree(tmp, ignore_errors=True)
         raise NlqError(

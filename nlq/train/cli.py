@@ -1,4 +1,10 @@
-"""`nlq train`: train one config into a run dir, or resume one."""
+"""`nlq train`: train one config into a run dir, or resume one.
+
+Process-wide tuning belongs to the command, not to the library: on CPU it fixes glibc's
+malloc thresholds (nlq/train/alloc.py) for the rest of the process before training. Code
+that calls nlq.train.loop.train() itself calls nlq.train.alloc.keep_freed_memory() where it
+wants the same.
+"""
 
 from __future__ import annotations
 
@@ -20,7 +26,15 @@ def add_arguments(p) -> None:
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
+def on_cpu(device: str) -> bool:
+    """Whether train.device (auto | cpu | cuda[:N]) trains on the CPU here."""
+    import torch
+
+    return device == "cpu" or (device == "auto" and not torch.cuda.is_available())
+
+
 def run(args) -> int:
+    from nlq.train import alloc
     from nlq.train.loop import train
 
     if args.resume:
@@ -36,6 +50,8 @@ def run(args) -> int:
             raise NlqError("give a config (TOML file or preset name) or --resume RUN_DIR")
         cfg = load_config(args.config, parse_sets(args.set))
         run_dir = Path(args.out or f"runs/{Path(args.config).stem}")
+    if on_cpu(cfg.train.device):
+        alloc.keep_freed_memory()  # no page faults on per-step buffers (nlq/train/alloc.py)
     summary = train(cfg, run_dir, resume=bool(args.resume), progress=not args.no_progress)
     if os.environ.get("RANK", "0") == "0":
         print(json.dumps(summary))

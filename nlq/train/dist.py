@@ -25,18 +25,22 @@ from nlq.errors import NlqError
 
 
 @dataclass(frozen=True)
-class Dist:
+class World:
+    """This process's place among the ranks: one process (the default) or torchrun's."""
+
     rank: int = 0
-    world: int = 1
+    size: int = 1
     local_rank: int = 0
 
     @property
     def main(self) -> bool:
+        """Rank 0: the one process that writes files and prints."""
         return self.rank == 0
 
     @property
     def active(self) -> bool:
-        return self.world > 1
+        """More than one process: collectives and wrapping apply."""
+        return self.size > 1
 
 
 def resolve_device(name: str, local_rank: int = 0) -> torch.device:
@@ -50,27 +54,30 @@ def resolve_device(name: str, local_rank: int = 0) -> torch.device:
     return torch.device("cpu")
 
 
-def setup(device_name: str) -> tuple[Dist, torch.device]:
+def setup(device_name: str) -> tuple[World, torch.device]:
+    """This process's World and device; joins torchrun's process group where there is one."""
     if "RANK" not in os.environ or int(os.environ.get("WORLD_SIZE", "1")) == 1:
-        return Dist(), resolve_device(device_name)
-    d = Dist(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]),
-             int(os.environ.get("LOCAL_RANK", "0")))
-    device = resolve_device(device_name, d.local_rank)
+        return World(), resolve_device(device_name)
+    world = World(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]),
+                  int(os.environ.get("LOCAL_RANK", "0")))
+    device = resolve_device(device_name, world.local_rank)
     if device.type == "cuda":
         torch.cuda.set_device(device)
     if not dist.is_initialized():
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
-    return d, device
+    return world, device
 
 
-def teardown(d: Dist) -> None:
-    if d.active and dist.is_initialized():
+def teardown(world: World) -> None:
+    if world.active and dist.is_initialized():
         dist.barrier()  # without it gloo ranks can abort at exit
         dist.destroy_process_group()
 
 
-def wrap(model: torch.nn.Module, kind: str, d: Dist, device: torch.device) -> torch.nn.Module:
-    if not d.active:
+def wrap(model: torch.nn.Module, kind: str, world: World,
+         device: torch.device) -> torch.nn.Module:
+    """The model under DDP or FSDP2 (kind "ddp" | "fsdp"); the model itself on one process."""
+    if not world.active:
         return model
     if kind == "fsdp":
         from torch.distributed.fsdp import fully_shard
@@ -84,10 +91,10 @@ def wrap(model: torch.nn.Module, kind: str, d: Dist, device: torch.device) -> to
     return DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
 
 
-def grad_sync(wrapped: torch.nn.Module, kind: str, d: Dist, sync: bool):
+def grad_sync(wrapped: torch.nn.Module, kind: str, world: World, sync: bool):
     """Skip the gradient all-reduce on all but the last micro-step of an accumulation."""
-    if not d.active or sync:
-        if d.active and kind == "fsdp":
+    if not world.active or sync:
+        if world.active and kind == "fsdp":
             wrapped.set_requires_gradient_sync(True)
         return contextlib.nullcontext()
     if kind == "fsdp":
@@ -96,16 +103,17 @@ def grad_sync(wrapped: torch.nn.Module, kind: str, d: Dist, sync: bool):
     return wrapped.no_sync()
 
 
-def all_reduce_sum(t: torch.Tensor, d: Dist) -> torch.Tensor:
-    if d.active:
+def all_reduce_sum(t: torch.Tensor, world: World) -> torch.Tensor:
+    """t summed over the ranks, in place (and returned)."""
+    if world.active:
         dist.all_reduce(t, op=dist.ReduceOp.SUM)
     return t
 
 
-def max_over_ranks(value: int, d: Dist, device: torch.device) -> int:
+def max_over_ranks(value: int, world: World, device: torch.device) -> int:
     """The largest value over all ranks (one tiny all-reduce): ranks agree on a decision,
     e.g. stopping when a signal reached only some of them."""
-    if not d.active:
+    if not world.active:
         return value
     t = torch.tensor([value], dtype=torch.int64, device=device)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)

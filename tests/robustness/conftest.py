@@ -1,4 +1,4 @@
-"""Shared by the robustness suite (issue 8): `from helpers import ...` works here, and `nlq`
+"""Shared by the robustness suite: `from helpers import ...` works here, and `nlq`
 processes start in milliseconds instead of seconds.
 
 Why a zygote: `python -m nlq` spends 2-5 s importing torch on a loaded 2-core CI machine, and

@@ -1,4 +1,4 @@
-"""Issue 8: every mistake a user makes gets an answer they understand, and nothing earlier is
+"""Robustness: every mistake a user makes gets an answer they understand, and nothing earlier is
 lost. Each bad input below runs as its own `nlq` process (forked from the zygote in the
 default tier, `python -m nlq` in the slow tier; see conftest.py) and must end with
 - an exit status != 0, or a clean finish (status 0 and a warning) where nlq can recover;
@@ -276,7 +276,8 @@ def build_cases(tmp: Path, data: Path, ref: Path, nl: Path) -> dict[str, Case]:
     shutil.rmtree(run / "ckpt" / "step_000006")
     shutil.copytree(nl / "ckpt" / "step_000006", run / "ckpt" / "step_000006")
     st = run / "ckpt" / "step_000006" / "state.json"  # claims to be of this model: it lies
-    st.write_text(json.dumps({**json.loads(st.read_text()), "model_config": cfg.to_dict()["model"]}))
+    state = json.loads(st.read_text())
+    st.write_text(json.dumps({**state, "model_config": cfg.to_dict()["model"]}))
     resume("checkpoint of another shape", run, ("step_000006", "does not fit", "q.w1.weight"),
            unchanged=(run,))
 

@@ -1,4 +1,4 @@
-"""Issue 8, crash consistency: a training process is SIGKILLed at seeded random points spread
+"""Crash consistency: a training process is SIGKILLed at seeded random points spread
 over steps, evals and every stage of a checkpoint write (NLQ_FAULT, nlq/train/faults.py),
 plus from outside after a random delay; some resumes are killed again. Every time,
 `nlq train --resume` completes and the final weights, AdamW state, metrics rows and summary
@@ -25,14 +25,14 @@ from helpers import assert_same_final, metrics, tiny_config, untimed, wait_for, 
 
 one_thread = helpers.one_thread  # autouse: this process compares tensors on one thread
 
-# 12 steps; eval at 0, 2, ..., 12 (7 visits); checkpoints at 3, 6, 9, 12 (4 visits of each
-# ckpt_* point) keeping 2, so pruning happens too; dropout on, so a resumed run must draw
-# the same masks
+# 12 steps; eval at 0, 2, ..., 12, 2 val chunks each (14 eval visits, drawn from the first
+# 7); checkpoints at 3, 6, 9, 12 (4 visits of each ckpt_* point) keeping 2, so pruning happens
+# too; dropout on, so a resumed run must draw the same masks
 CRASH = {"train.max_steps": 12, "train.eval_interval": 2, "train.ckpt_interval": 3,
          "train.keep_checkpoints": 2, "train.log_interval": 1, "model.dropout": 0.1}
 VISITS = {"step": 12, "eval": 7, "ckpt_model": 4, "ckpt_optim": 4, "ckpt_state": 4,
           "ckpt_rename": 4, "ckpt_latest": 4}
-SEED = int(os.environ.get("NLQ_CRASH_SEED", "8"))  # issue 8
+SEED = int(os.environ.get("NLQ_CRASH_SEED", "8"))  # fixed, so a failure reproduces
 N_FAULTS, N_EXTERNAL = 10, 2
 
 

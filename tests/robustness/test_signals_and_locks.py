@@ -1,4 +1,4 @@
-"""Issue 8: signals, divergence, two processes on one run dir, and nothing executed or
+"""Robustness: signals, divergence, two processes on one run dir, and nothing executed or
 unpickled that a user passes.
 
 - SIGINT / SIGTERM: the step in progress finishes, a checkpoint is written at that step
