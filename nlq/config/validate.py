@@ -73,6 +73,11 @@ def _positive(key: str, value: float, allow_zero: bool = False) -> None:
         raise NlqError(f"config key '{key}' must be {need}, got {value!r}")
 
 
+def _divisible(key: str, value: int, by_key: str, by: int) -> None:
+    if value % by:
+        raise NlqError(f"config key '{key}' = {value} is not divisible by {by_key} = {by}")
+
+
 def validate_model(m: ModelConfig) -> None:
     """Impossible [model] values are errors that name the key and the value."""
     # Imported here, not at the top: importing nlq.config (the schema, `nlq config --doc`)
@@ -89,18 +94,10 @@ def validate_model(m: ModelConfig) -> None:
     _choice("model.nl_half", m.nl_half, ("fold", "explicit"))
     for k in ("vocab_size", "block_size", "n_layer", "n_head", "d_model"):
         _positive(f"model.{k}", getattr(m, k))
-    if m.d_model % m.n_head:
-        raise NlqError(
-            f"config key 'model.d_model' = {m.d_model} is not divisible by "
-            f"model.n_head = {m.n_head}"
-        )
+    _divisible("model.d_model", m.d_model, "model.n_head", m.n_head)
     if m.n_kv_head is not None:
         _positive("model.n_kv_head", m.n_kv_head)
-        if m.n_head % m.n_kv_head:
-            raise NlqError(
-                f"config key 'model.n_head' = {m.n_head} is not divisible by "
-                f"model.n_kv_head = {m.n_kv_head}"
-            )
+        _divisible("model.n_head", m.n_head, "model.n_kv_head", m.n_kv_head)
     if m.mlp_hidden is not None:
         _positive("model.mlp_hidden", m.mlp_hidden)
     if m.nl_rank is not None and m.nl_rank < 1:
