@@ -246,6 +246,15 @@ def test_attn_scale_override_is_used():
     assert c.blocks[0].attn.scale == 0.25  # the fold multiplies a given scale too
     with torch.no_grad():
         assert (a(IDX)[0] - b(IDX)[0]).abs().max() > 1e-4
+    # attn_scale_mult = 0.5 is the same computation as attn_scale = 0.5 / sqrt(hs)
+    d = Transformer(dataclasses.replace(a.cfg, attn_scale_mult=0.5)).double().eval()
+    e = Transformer(dataclasses.replace(a.cfg, attn_scale=0.5 / a.cfg.head_dim ** 0.5)).double()
+    d.load_weights(a.weights())
+    e.load_weights(a.weights())
+    assert d.blocks[0].attn.scale == e.blocks[0].attn.scale
+    with torch.no_grad():
+        assert torch.equal(d(IDX)[0], e.eval()(IDX)[0])
+        assert (a(IDX)[0] - d(IDX)[0]).abs().max() > 1e-4
 
 
 def test_loss_is_mean_cross_entropy_of_logits_ignoring_minus_one():

@@ -72,6 +72,10 @@ class ModelConfig:
     """Attention logit scale > 0; None means 1/sqrt(head_dim). A query variant may multiply it
     (the nonlinear query with nl_half = "fold" multiplies it by 1/2, as the official code;
     docs/paper.md, "The nonlinear query")."""
+    attn_scale_mult: float = 1.0
+    """Multiplies the logit scale (attn_scale, or 1/sqrt(head_dim)) for any query variant.
+    0.5 gives the official code's 1/(2 sqrt(head_dim)), which it uses for its identity and
+    residual arms too (docs/paper.md, "The other arms")."""
     nl_rank: int | None = None
     """Bottleneck width r >= 1 of f; None means d_model // 2, the paper's r = d/2, which
     gives f d^2 weights (docs/paper.md, "The nonlinear query")."""

@@ -106,6 +106,7 @@ def validate_model(m: ModelConfig) -> None:
         raise NlqError(f"model.pos_emb = 'rope' needs an even head_dim, got {m.head_dim}")
     if m.attn_scale is not None:
         _positive("model.attn_scale", m.attn_scale)
+    _positive("model.attn_scale_mult", m.attn_scale_mult)
     if not 0.0 <= m.dropout < 1.0:
         raise NlqError(f"config key 'model.dropout' must be in [0, 1), got {m.dropout!r}")
     _positive("model.norm_eps", m.norm_eps)
