@@ -30,6 +30,7 @@ from nlq.model.params import count_params, flops_per_token
 # How `nlq reproduce` prepares each preset's data dir when it is missing.
 PRESET_DATA = {
     "tiny": ("embedded", "bpe:8192"),
+    "small": ("embedded:all", "bpe:512"),
     "gpt3-small": ("hf:openwebtext", "gpt2"),
 }
 
