@@ -48,15 +48,24 @@ def markov_tokens(n: int, seed: int, n_symbols: int = N_SYMBOLS) -> np.ndarray:
     return out
 
 
+EOT = N_SYMBOLS - 1  # the test split's documents end where this symbol occurs
+
+
 def make_data(d: Path, n_train: int = 40_000, n_val: int = 4_000, vocab_size: int = N_SYMBOLS + 1,
-              mask_id: int | None = MASK_ID) -> Path:
-    """Write a token data dir as `nlq prepare` does: train.bin, val.bin (uint16), meta.json."""
+              mask_id: int | None = MASK_ID, n_test: int | None = 2_000) -> Path:
+    """Write a token data dir as `nlq prepare` does: train.bin, val.bin, test.bin (uint16;
+    n_test None: none), meta.json."""
     d.mkdir(parents=True, exist_ok=True)
     train, val = markov_tokens(n_train, 1), markov_tokens(n_val, 2)
     train.tofile(d / "train.bin")
     val.tofile(d / "val.bin")
     meta = {"dtype": "uint16", "vocab_size": vocab_size, "train_tokens": n_train,
-            "val_tokens": n_val, "tokenizer": "markov-test"}
+            "val_tokens": n_val, "tokenizer": "markov-test", "eot_id": EOT}
+    if n_test is not None:
+        test = markov_tokens(n_test, 3)
+        test[-1] = EOT  # the last document is closed like every other
+        test.tofile(d / "test.bin")
+        meta["test_tokens"] = n_test
     if mask_id is not None:
         meta["mask_id"] = mask_id
     (d / "meta.json").write_text(json.dumps(meta))

@@ -17,12 +17,13 @@ from nlq.data import prepare as P
 from nlq.data import sources
 from nlq.data import tokenizers as T
 from nlq.data.schedule import TokenData
+from nlq.data.split import TEST, TRAIN, VAL, Split
 from nlq.errors import NlqError
 
 ROOT = Path(__file__).resolve().parents[1]
 META_KEYS = {"source", "tokenizer", "vocab_size", "eot_id", "mask_id", "dtype", "train_tokens",
-             "val_tokens", "train_docs", "val_docs", "text_bytes", "sha256", "nlq_version",
-             "command", "seed", "val_fraction"}
+             "val_tokens", "test_tokens", "train_docs", "val_docs", "test_docs", "text_bytes",
+             "sha256", "nlq_version", "command", "seed", "val_fraction", "test_fraction"}
 
 
 def quiet(msg: str) -> None:
@@ -114,24 +115,27 @@ def test_meta_and_shards(gpt2_out, txt_dir, docs):
     assert META_KEYS <= set(meta)
     assert (meta["vocab_size"], meta["eot_id"], meta["mask_id"]) == (50257, 50256, None)
     assert meta["dtype"] == "uint16" and meta["tokenizer"] == "gpt2"
-    assert (meta["train_docs"], meta["val_docs"]) == (8, 2)  # round(0.2 * 10)
+    # round(0.2 * 10) each for val and test (the test fraction defaults to the val fraction)
+    assert (meta["train_docs"], meta["val_docs"], meta["test_docs"]) == (6, 2, 2)
     assert meta["text_bytes"] == sum(len(d.encode()) for d in docs)
-    assert meta["seed"] == 2357 and meta["val_fraction"] == 0.2
-    for name in ("train.bin", "val.bin"):
+    assert meta["seed"] == 2357 and meta["val_fraction"] == meta["test_fraction"] == 0.2
+    for name in ("train.bin", "val.bin", "test.bin"):
         assert meta["sha256"][name] == hashlib.sha256((gpt2_out / name).read_bytes()).hexdigest()
     data = TokenData.open(gpt2_out)
-    assert (len(data.train), len(data.val)) == (meta["train_tokens"], meta["val_tokens"])
-    assert sorted(p.name for p in gpt2_out.iterdir()) == ["meta.json", "train.bin", "val.bin"]
+    assert (len(data.train), len(data.val), len(data.test)) == (
+        meta["train_tokens"], meta["val_tokens"], meta["test_tokens"])
+    assert sorted(p.name for p in gpt2_out.iterdir()) == ["meta.json", "test.bin", "train.bin",
+                                                          "val.bin"]
 
 
 def test_shards_decode_to_the_documents(gpt2_out, docs):
     """Each split is its documents in source order, each followed by one eot: compare with a
     plain tiktoken encode_ordinary of the same documents."""
     data = TokenData.open(gpt2_out)
-    is_val = P.Split(2357, 0.2, len(docs), "x").mask
+    parts = Split(2357, 0.2, 0.2, len(docs), "x").parts
     enc = T.gpt2_encoding()
-    for arr, want in ((data.train, [d for d, v in zip(docs, is_val) if not v]),
-                      (data.val, [d for d, v in zip(docs, is_val) if v])):
+    for arr, part in ((data.train, TRAIN), (data.val, VAL), (data.test, TEST)):
+        want = [d for d, p in zip(docs, parts) if p == part]
         ref = [t for d in want for t in enc.encode_ordinary(d) + [50256]]
         assert arr.tolist() == ref
         assert arr[-1] == 50256 and (arr == 50256).sum() == len(want)
@@ -142,13 +146,14 @@ def test_embedded_pipeline_equals_plain_tiktoken(tmp_path):
     plain encode_ordinary of the cleaned plays in this process."""
     meta = run_prepare(source="embedded", tokenizer="gpt2", out=tmp_path / "e", workers=2)
     plays = [t for _, t in sources.shakespeare_plays()]
-    is_val = P.Split(2357, 0.05, len(plays), "x").mask
-    assert (meta["train_docs"], meta["val_docs"]) == (36, 2) and is_val.sum() == 2
+    parts = Split(2357, 0.05, 0.05, len(plays), "x").parts
+    assert (meta["train_docs"], meta["val_docs"], meta["test_docs"]) == (34, 2, 2)
+    assert ((parts == VAL).sum(), (parts == TEST).sum()) == (2, 2)
     assert meta["text_bytes"] == sum(len(t.encode()) for t in plays)
     enc = T.gpt2_encoding()
     data = TokenData.open(tmp_path / "e")
-    for arr, flag in ((data.val, True), (data.train, False)):
-        ids = enc.encode_ordinary_batch([t for t, v in zip(plays, is_val) if v == flag])
+    for arr, part in ((data.val, VAL), (data.train, TRAIN), (data.test, TEST)):
+        ids = enc.encode_ordinary_batch([t for t, p in zip(plays, parts) if p == part])
         want = np.concatenate([np.array(x + [50256]) for x in ids])
         assert np.array_equal(arr, want)
 
@@ -157,7 +162,7 @@ def test_workers_and_reruns_are_byte_identical(tmp_path, txt_dir, gpt2_out):
     run_prepare(source=str(txt_dir), tokenizer="gpt2", out=tmp_path / "w2", val_fraction=0.2,
                 workers=2)
     a, b = files_state(gpt2_out), files_state(tmp_path / "w2")
-    for name in ("train.bin", "val.bin"):
+    for name in ("train.bin", "val.bin", "test.bin"):
         assert a[name] == b[name]
     ma = json.loads((gpt2_out / "meta.json").read_text())
     mb = json.loads((tmp_path / "w2" / "meta.json").read_text())
@@ -168,34 +173,46 @@ def test_seed_changes_the_split(tmp_path, txt_dir, gpt2_out):
     meta = run_prepare(source=str(txt_dir), tokenizer="gpt2", out=tmp_path / "s",
                        val_fraction=0.2, seed=1)
     assert meta["sha256"] != json.loads((gpt2_out / "meta.json").read_text())["sha256"]
-    masks = {s: tuple(P.Split(s, 0.2, 10, "x").mask) for s in (1, 2357)}
-    assert masks[1] != masks[2357] and all(sum(m) == 2 for m in masks.values())
+    masks = {s: tuple(Split(s, 0.2, 0.2, 10, "x").parts) for s in (1, 2357)}
+    assert masks[1] != masks[2357]
+    assert all(m.count(VAL) == 2 and m.count(TEST) == 2 for m in masks.values())
 
 
 def test_split_rules():
-    assert P.Split(0, 0.001, 10, "x").mask.sum() == 1  # val always gets a document
-    assert P.Split(0, 0.99, 10, "x").mask.sum() == 9  # and train keeps one
-    assert P.Split(0, 0.05, 38, "x").mask.sum() == 2  # the embedded plays: 2 of 38
+    def count(s, part):
+        return int((s.parts == part).sum())
+
+    assert count(Split(0, 0.001, 0.001, 10, "x"), VAL) == 1  # val always gets a document
+    assert count(Split(0, 0.001, 0.001, 10, "x"), TEST) == 1  # test too
+    s = Split(0, 0.5, 0.49, 10, "x")
+    assert (count(s, VAL), count(s, TEST), count(s, TRAIN)) == (5, 4, 1)  # train keeps one
+    assert count(Split(0, 0.05, 0.0, 38, "x"), TEST) == 0  # --test-fraction 0: no test split
+    # the val documents do not depend on the test fraction
+    assert ((Split(3, 0.2, 0.0, 50, "x").parts == VAL)
+            == (Split(3, 0.2, 0.3, 50, "x").parts == VAL)).all()
+    with pytest.raises(NlqError, match="at least 3"):
+        Split(0, 0.1, 0.1, 2, "two.txt")
     with pytest.raises(NlqError, match="at least 2"):
-        P.Split(0, 0.1, 1, "one.txt")
-    # streamed (unknown length): a pure function of (seed, index), near the fraction
-    s1, s2 = P.Split(7, 0.1, None, "x"), P.Split(7, 0.1, None, "x")
+        Split(0, 0.1, 0.0, 1, "one.txt")
+    # streamed (unknown length): a pure function of (seed, index), near the fractions
+    s1, s2 = Split(7, 0.1, 0.05, None, "x"), Split(7, 0.1, 0.05, None, "x")
     idx = list(range(0, 200_000, 7))
-    flags = [s1.is_val(i) for i in idx]
-    assert flags == [s2.is_val(i) for i in reversed(idx)][::-1]
-    assert 0.09 < np.mean(flags) < 0.11
+    parts = [s1.part(i) for i in idx]
+    assert parts == [s2.part(i) for i in reversed(idx)][::-1]
+    assert 0.09 < np.mean(np.array(parts) == VAL) < 0.11
+    assert 0.04 < np.mean(np.array(parts) == TEST) < 0.06
 
 
 def test_bpe_trained_on_train_split_only(tmp_path, txt_dir, docs):
     out = tmp_path / "bpe"
     meta = run_prepare(source=str(txt_dir), tokenizer="bpe:700", out=out, val_fraction=0.2)
     assert (meta["vocab_size"], meta["eot_id"], meta["mask_id"]) == (700, 0, 1)
-    is_val = P.Split(2357, 0.2, len(docs), "x").mask
-    T.train_bpe(iter([d for d, v in zip(docs, is_val) if not v]), 700, tmp_path / "ref.json")
+    parts = Split(2357, 0.2, 0.2, len(docs), "x").parts
+    T.train_bpe(iter([d for d, p in zip(docs, parts) if p == TRAIN]), 700, tmp_path / "ref.json")
     assert (out / "tokenizer.json").read_bytes() == (tmp_path / "ref.json").read_bytes()
     tok = T.HFBpe(out / "tokenizer.json")
     data = TokenData.open(out)
-    val_docs = [d for d, v in zip(docs, is_val) if v]
+    val_docs = [d for d, p in zip(docs, parts) if p == VAL]
     assert data.val.tolist() == [t for d in val_docs for t in tok.encode([d])[0].tolist() + [0]]
     # same input again, 2 workers: byte-identical shards and tokenizer
     run_prepare(source=str(txt_dir), tokenizer="bpe:700", out=tmp_path / "bpe2",
@@ -232,9 +249,10 @@ def test_hf_streamed_local_files(tmp_path, docs):
     assert src.n_docs is None and list(src.docs()) == docs * 3
     m1 = run_prepare(source=f"hf:{d}", tokenizer="gpt2", out=tmp_path / "a", val_fraction=0.3)
     m2 = run_prepare(source=f"hf:{d}", tokenizer="gpt2", out=tmp_path / "b", val_fraction=0.3)
-    assert m1["sha256"] == m2["sha256"] and m1["train_docs"] + m1["val_docs"] == 30
-    flags = [P.Split(2357, 0.3, None, "x").is_val(i) for i in range(30)]
-    assert m1["val_docs"] == sum(flags)
+    assert m1["sha256"] == m2["sha256"]
+    assert m1["train_docs"] + m1["val_docs"] + m1["test_docs"] == 30
+    parts = [Split(2357, 0.3, 0.3, None, "x").part(i) for i in range(30)]
+    assert (m1["val_docs"], m1["test_docs"]) == (parts.count(VAL), parts.count(TEST))
 
 
 def test_glob_and_slug(tmp_path, txt_dir):
@@ -367,7 +385,7 @@ def test_text_too_short_is_named(tmp_path, prepared, docs):
     (d / "tiny.txt").write_text("Who's there?")
     # one of the two documents goes to val: whichever it is, one split is far too short
     msg = _bad(tmp_path, prepared, r"split of .*short.* has \d+ tokens \(1 documents\), fewer "
-               r"than one window of 257", source=str(d), val_fraction=0.5)
+               r"than one window of 257", source=str(d), val_fraction=0.5, test_fraction=0.0)
     assert "--val-fraction" in msg
     (d / "tiny.txt").unlink()
     _bad(tmp_path, prepared, "holds 1 document", source=str(d))
@@ -413,9 +431,9 @@ def nlq(*args, cwd=None):
 def test_cli_prepare(tmp_path, txt_dir):
     out = tmp_path / "cli"
     r = nlq("prepare", "--source", str(txt_dir), "--tokenizer", "gpt2", "--out", str(out),
-            "--val-fraction", "0.2", "--workers", "2")
+            "--val-fraction", "0.2", "--test-fraction", "0.1", "--workers", "2")
     assert r.returncode == 0, r.stderr
-    assert "8 docs" in r.stdout and "2 docs" in r.stdout
+    assert "(7 docs)" in r.stdout and "(2 docs)" in r.stdout and "(1 docs)" in r.stdout
     meta = json.loads((out / "meta.json").read_text())
     assert meta["command"][:2] == ["nlq", "prepare"] and "--workers" in meta["command"]
     # (a re-run that finds it done is tested in-process: test_rerun_is_a_no_op_...)

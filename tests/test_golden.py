@@ -51,6 +51,7 @@ def trajectory(data_dir: Path, run_dir: Path, arm: str) -> dict:
         **ARMS[arm], "data.dir": str(data_dir), "train.max_steps": GOLDEN_STEPS,
         "train.log_interval": 1, "train.eval_interval": GOLDEN_STEPS,
         "train.eval_batches": 2, "train.ckpt_interval": GOLDEN_STEPS,
+        "train.warmup_steps": 4, "train.test_eval": False,  # warmup and cosine, both
         "train.device": "cpu", "train.precision": "fp32"})
     summary = train(cfg, run_dir, progress=False)
     rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]

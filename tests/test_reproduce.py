@@ -109,15 +109,18 @@ def test_report_numbers_recomputed_from_run_dirs(experiment):
 
 def test_arms_share_batches_and_pair_seeds(experiment):
     """Batches are a pure function of [data] and the batch shape (nlq/data/schedule.py):
-    every run has the same of both; seed k has the same init seed in every arm."""
+    the runs of seed k have the same of both in every arm, and seed k has the same init seed
+    in every arm; seeds differ in both."""
     _, out, _ = experiment
     cfgs = {(a, k): load_config(out / "runs" / a / f"seed{k}" / "config.toml")
             for a in ("linear", "nonlinear") for k in (0, 1)}
-    shape = {(c.data, c.train.micro_batch, c.train.grad_accum, c.model.block_size,
-              c.train.max_steps, c.train.eval_batches) for c in cfgs.values()}
-    assert len(shape) == 1
     for k in (0, 1):
+        shape = {(c.data, c.train.micro_batch, c.train.grad_accum, c.model.block_size,
+                  c.train.max_steps, c.train.eval_batches)
+                 for (_, kk), c in cfgs.items() if kk == k}
+        assert len(shape) == 1
         assert cfgs["linear", k].train.seed == cfgs["nonlinear", k].train.seed
+    assert cfgs["linear", 0].data.seed != cfgs["linear", 1].data.seed
     assert cfgs["linear", 0].train.seed != cfgs["linear", 1].train.seed
     assert cfgs["nonlinear", 0].model.query == "nonlinear"
     assert cfgs["nonlinear", 0].train.lr == pytest.approx(1.5 * cfgs["linear", 0].train.lr)

@@ -139,6 +139,15 @@ def check_fused(base, var, cb, cv):
         torch.testing.assert_close(a[k], b[k], atol=1e-5, rtol=0)
 
 
+def check_test_eval(base, var, cb, cv):
+    import json
+
+    for d, c in ((base, cb), (var, cv)):
+        summary = json.loads((d / "summary.json").read_text())
+        assert ("test_loss" in summary) == c.train.test_eval
+        assert (d / "test_docs.json").is_file() == c.train.test_eval
+
+
 # key -> (the other value, check); the base is tests/helpers.py TINY. Keys not in this table
 # are tested below (objective, mlm_prob, prefix_frac, device, compile) or in test_dist.py
 # (parallel); test_every_key_is_tested keeps the list complete.
@@ -165,6 +174,7 @@ CASES = {
     "train.ckpt_interval": (2, check_ckpts),
     "train.keep_checkpoints": (1, check_ckpts),
     "train.fused_adamw": (False, check_fused),
+    "train.test_eval": (False, check_test_eval),
 }
 ELSEWHERE = {"objective", "mlm_prob", "prefix_frac", "device", "compile", "parallel"}
 
@@ -214,7 +224,7 @@ def test_mlm_encoder_trains_on_masked_tokens(data, tmp_path, monkeypatch):
     monkeypatch.setattr(batches, "mlm_corrupt", spy)
     for prob in (0.15, 0.4):
         cfg = tiny_config(data, **{"model.arch": "encoder", "train.objective": "mlm",
-                                   "train.mlm_prob": prob, "train.max_steps": 12})
+                                   "train.mlm_prob": prob, "train.max_steps": 30})
         train(cfg, tmp_path / f"mlm{prob}", progress=False)
         losses = [r["loss"] for r in metrics(tmp_path / f"mlm{prob}", "train")]
         assert all(math.isfinite(x) for x in losses)

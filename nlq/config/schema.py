@@ -133,9 +133,11 @@ class TrainConfig:
     min_lr: float = 6e-5
     """Learning rate at the last step, the end of the cosine decay; 0 <= min_lr <= lr. The
     paper's baseline: 6e-5 (docs/paper.md, "The training recipe")."""
-    warmup_steps: int = 2000
-    """Steps of linear warmup up to lr (nanoGPT), then cosine decay to min_lr. The paper:
-    2000 (docs/paper.md, "The training recipe")."""
+    warmup_steps: int | None = None
+    """Steps of linear warmup up to lr (nanoGPT), then cosine decay to min_lr. None (the
+    default): max(50, 5% of max_steps), long enough that a short run does not spike at the
+    end of its warmup (the `warmup` property is the value used). The paper: 2000
+    (docs/paper.md, "The training recipe"; the gpt3-small preset sets it)."""
     beta1: float = 0.9
     """AdamW beta1 in [0, 1). The paper: 0.9 (docs/paper.md, "The training recipe")."""
     beta2: float = 0.95
@@ -157,8 +159,9 @@ class TrainConfig:
     eval_batches: int = 200
     """Fixed val windows = eval_batches * micro_batch. The paper: 200 x 12 (docs/paper.md,
     "The training recipe")."""
-    log_interval: int = 10
-    """Steps between train-loss lines in the run's log."""
+    log_interval: int = 1
+    """Steps between train rows (loss, grad norm, lr) in metrics.jsonl; 1 logs every step, so
+    a spike (nlq/train/spikes.py) is seen where it happens."""
     ckpt_interval: int = 1000
     """Steps between checkpoints; the final step and a stop by signal always save one."""
     keep_checkpoints: int = 2
@@ -185,6 +188,18 @@ class TrainConfig:
     bidirectionally and carry no loss."""
     parallel: str = "ddp"
     """Multi-process wrapping under torchrun: ddp | fsdp (FSDP2 fully_shard)."""
+    test_eval: bool = True
+    """At the end of the run, score the whole test split of data.dir document by document
+    (summary.json: test_loss, test_ppl, test_tokens, test_docs; test_docs.json: nats and
+    tokens per document), the numbers a report compares. Needs a data dir with a test split
+    (`nlq prepare` writes one by default)."""
+
+    @property
+    def warmup(self) -> int:
+        """The warmup used: warmup_steps, or max(50, max_steps // 20) when it is None."""
+        if self.warmup_steps is not None:
+            return self.warmup_steps
+        return max(50, self.max_steps // 20)
 
 
 @dataclass(frozen=True)

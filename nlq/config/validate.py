@@ -121,8 +121,10 @@ def validate_train(t: TrainConfig) -> None:
         _positive(f"train.{k}", getattr(t, k))
     for k in ("lr", "eps"):
         _positive(f"train.{k}", getattr(t, k))
-    for k in ("min_lr", "weight_decay", "grad_clip", "warmup_steps"):
+    for k in ("min_lr", "weight_decay", "grad_clip"):
         _positive(f"train.{k}", getattr(t, k), allow_zero=True)
+    if t.warmup_steps is not None:
+        _positive("train.warmup_steps", t.warmup_steps, allow_zero=True)
     if t.min_lr > t.lr:
         raise NlqError(f"config key 'train.min_lr' = {t.min_lr} is above train.lr = {t.lr}")
     for k in ("beta1", "beta2"):

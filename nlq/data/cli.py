@@ -1,4 +1,4 @@
-"""`nlq prepare`: tokenize a corpus into train.bin / val.bin / meta.json (nlq.data.prepare)."""
+"""`nlq prepare`: tokenize a corpus into train.bin / val.bin / test.bin / meta.json (nlq.data.prepare)."""
 
 from __future__ import annotations
 
@@ -20,6 +20,9 @@ def add_arguments(p) -> None:
     p.add_argument("--val-fraction", type=float, default=None, metavar="F",
                    help="fraction of documents held out for validation (default 0.05; "
                         "0.0005 for hf:openwebtext, as in the paper)")
+    p.add_argument("--test-fraction", type=float, default=None, metavar="F",
+                   help="fraction of documents held out as the test split, on which reports "
+                        "are computed (default: the val fraction; 0: no test split)")
     p.add_argument("--seed", type=int, default=2357, help="split seed (default 2357, the paper's)")
     p.add_argument("--workers", type=int, default=None, metavar="N",
                    help="tokenizer processes (default: all cores)")
@@ -33,9 +36,10 @@ def run(args) -> int:
     from nlq.data.prepare import prepare
 
     prepare(source=args.source, tokenizer=args.tokenizer, out=args.out,
-            val_fraction=args.val_fraction, seed=args.seed, workers=args.workers,
+            val_fraction=args.val_fraction,
+            test_fraction=args.test_fraction, seed=args.seed, workers=args.workers,
             force=args.force, text_field=args.text_field, command=["nlq", *sys.argv[1:]])
     return 0
 
 
-COMMANDS = {"prepare": ("tokenize a corpus into train/val token shards", add_arguments, run)}
+COMMANDS = {"prepare": ("tokenize a corpus into train/val/test token shards", add_arguments, run)}

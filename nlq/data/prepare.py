@@ -1,15 +1,13 @@
-"""`nlq prepare`: documents -> a train/val split by document -> token shards.
+"""`nlq prepare`: documents -> a train/val/test split by document -> token shards.
 
-Output in DIR: train.bin and val.bin (raw uint16 / uint32 arrays, every document followed by
+Output in DIR: train.bin, val.bin and test.bin (raw uint16 / uint32 arrays, every document followed by
 the end-of-text token), tokenizer.json for a trained bpe:N, and meta.json, which
 nlq.data.schedule.TokenData.open reads.
 
-The split is by document and seeded (default seed 2357 and, for OpenWebText, val fraction
-0.0005: the paper's nanoGPT recipe, docs/paper.md, "The training recipe"). A source held in
-memory gets exactly max(1, round(f * n_docs)) validation documents, drawn with numpy's
-default_rng(seed); a streamed source of unknown length sends document i to val when a
-counter-seeded uniform u(seed, i) < f. Either way the same input and seed give byte-identical
-shards, whatever --workers is.
+The split is by document and seeded (nlq/data/split.py; default seed 2357 and, for
+OpenWebText, val fraction 0.0005: the paper's nanoGPT recipe, docs/paper.md, "The training
+recipe"; the test split is as large as val by default). The same input and seed give
+byte-identical shards, whatever --workers is.
 
 Crash safety: the shards are written as *.tmp files and moved into place with meta.json last
 (nlq/data/shards.py), so an interrupted or failed run never leaves a folder that looks complete.
@@ -33,6 +31,7 @@ from nlq import __version__
 from nlq.data import sources, tokenizers
 from nlq.data.schedule import TokenData
 from nlq.data.shards import ShardWriter, commit
+from nlq.data.split import PARTS, TRAIN, Split, split_docs
 from nlq.errors import NlqError
 
 DEFAULT_SOURCE = "embedded"
@@ -45,10 +44,9 @@ SMALL_VAL_FRACTION = 0.05  # 2 of the 38 embedded plays: enough text to evaluate
 # split too small to evaluate on; TokenData.check enforces each model's own block_size.
 MIN_SPLIT_TOKENS = 257
 TASK_CHARS = 1 << 18  # characters of text per worker task: small enough to balance 2 workers
-BLOCK = 1 << 16  # documents per counter-seeded block of the streamed split
 # The arguments that determine the output: a finished folder with other values is not redone
 # (or overwritten) without --force.
-ARG_KEYS = ("source", "tokenizer", "val_fraction", "seed", "text_field")
+ARG_KEYS = ("source", "tokenizer", "val_fraction", "test_fraction", "seed", "text_field")
 
 
 def default_val_fraction(source: str) -> float:
@@ -63,41 +61,10 @@ def dtype_for(vocab_size: int) -> np.dtype:
     return np.dtype(np.uint16 if vocab_size <= 2**16 else np.uint32)
 
 
-# ---------------------------------------------------------------- the split
-
-class Split:
-    """is_val(i) for document i: exact count when n_docs is known, else counter-seeded."""
-
-    def __init__(self, seed: int, val_fraction: float, n_docs: int | None, spec: str):
-        self.seed, self.f = seed, val_fraction
-        self.mask = None
-        if n_docs is not None:
-            if n_docs < 2:
-                raise NlqError(f"source {spec!r} holds {n_docs} document(s): the train/val "
-                               f"split is by document and needs at least 2")
-            n_val = min(max(1, round(val_fraction * n_docs)), n_docs - 1)
-            self.mask = np.zeros(n_docs, dtype=bool)
-            self.mask[np.random.default_rng(seed).choice(n_docs, n_val, replace=False)] = True
-        self._block, self._u = -1, None
-
-    def is_val(self, i: int) -> bool:
-        if self.mask is not None:
-            return bool(self.mask[i])
-        if i // BLOCK != self._block:
-            self._block = i // BLOCK
-            self._u = np.random.default_rng([self.seed, self._block]).random(BLOCK)
-        return bool(self._u[i % BLOCK] < self.f)
-
-
-def split_docs(docs: Iterator[str], split: Split) -> Iterator[tuple[str, bool]]:
-    """(doc, is_val) for every non-empty document, in source order."""
-    for i, doc in enumerate(docs):
-        if doc.strip():
-            yield doc, split.is_val(i)
-
+# ---------------------------------------------------------------- worker tasks
 
 def tasks(docs: Iterator[tuple[str, bool]], chars: int | None = None) -> Iterator[list]:
-    """Group (text, is_val) pairs into worker tasks of about `chars` characters."""
+    """Group (text, part) pairs into worker tasks of about `chars` characters."""
     chars = chars or TASK_CHARS
     batch, size = [], 0
     for doc in docs:
@@ -133,9 +100,9 @@ def _init_worker(spec: str, path: str | None) -> None:
 
 def encode_task(job: tuple, batch: list):
     """One task. job = (tokenizer spec, tokenizer.json path or None, dtype name, the
-    source's clean function or None); batch = [(raw doc, is_val)]. Returns (train ids, val
-    ids, train docs, val docs, UTF-8 bytes of text), each document's ids followed by the
-    end-of-text id, as arrays of dtype."""
+    source's clean function or None); batch = [(raw doc, part)]. Returns (ids per part,
+    documents per part, UTF-8 bytes of text), each document's ids followed by the end-of-text
+    id, as arrays of dtype."""
     spec, path, dtype, clean = job
     tok = _tokenizer(spec, path)
     if clean is not None:
@@ -143,14 +110,13 @@ def encode_task(job: tuple, batch: list):
     texts = [t for t, _ in batch]
     ids = tok.encode(texts)
     eot = np.array([tok.eot_id], dtype=np.uint32)
-    parts = {False: [], True: []}
-    for a, (_, is_val) in zip(ids, batch):
-        parts[is_val] += [a, eot]
-    arrs = [np.concatenate(parts[v]).astype(dtype) if parts[v] else np.zeros(0, dtype)
-            for v in (False, True)]
+    parts = [[] for _ in PARTS]
+    for a, (_, part) in zip(ids, batch):
+        parts[part] += [a, eot]
+    arrs = [np.concatenate(p).astype(dtype) if p else np.zeros(0, dtype) for p in parts]
     n_bytes = sum(len(t) if t.isascii() else len(t.encode("utf-8")) for t in texts)
-    n_val = sum(v for _, v in batch)
-    return arrs[0], arrs[1], len(batch) - n_val, n_val, n_bytes
+    n_docs = [sum(p == i for _, p in batch) for i in range(len(PARTS))]
+    return arrs, n_docs, n_bytes
 
 
 def encode_all(job: tuple, task_iter: Iterator[list], workers: int,
@@ -214,7 +180,7 @@ def _existing(out: Path, args: dict) -> dict | None:
 
 def prepare(source: str = DEFAULT_SOURCE, tokenizer: str = DEFAULT_TOKENIZER,
             out: str | Path | None = None, val_fraction: float | None = None,
-            seed: int = DEFAULT_SEED, workers: int | None = None, force: bool = False,
+            test_fraction: float | None = None, seed: int = DEFAULT_SEED, workers: int | None = None, force: bool = False,
             text_field: str = "text", command: list[str] | None = None,
             log: Callable[[str], None] = print, progress: bool | None = None) -> dict:
     """Prepare token shards; returns the meta dict (also written to DIR/meta.json)."""
@@ -223,6 +189,10 @@ def prepare(source: str = DEFAULT_SOURCE, tokenizer: str = DEFAULT_TOKENIZER,
     val_fraction = default_val_fraction(source) if val_fraction is None else float(val_fraction)
     if not 0.0 < val_fraction < 1.0:
         raise NlqError(f"--val-fraction {val_fraction} must be strictly between 0 and 1")
+    test_fraction = val_fraction if test_fraction is None else float(test_fraction)
+    if not 0.0 <= test_fraction < 1.0 or val_fraction + test_fraction >= 1.0:
+        raise NlqError(f"--test-fraction {test_fraction} must be in [0, 1) and leave a train "
+                       f"split beside --val-fraction {val_fraction}")
     if workers is None:
         workers = (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
                    else os.cpu_count() or 1)
@@ -230,7 +200,7 @@ def prepare(source: str = DEFAULT_SOURCE, tokenizer: str = DEFAULT_TOKENIZER,
         raise NlqError(f"--workers {workers} must be >= 1")
     out = Path(out) if out is not None else default_out(source, tokenizer)
     args = {"source": source, "tokenizer": tokenizer, "val_fraction": val_fraction,
-            "seed": seed, "text_field": text_field}
+            "test_fraction": test_fraction, "seed": seed, "text_field": text_field}
     if out.exists() and not out.is_dir():
         raise NlqError(f"--out {out} exists and is not a folder")
     if not force:
@@ -249,44 +219,45 @@ def prepare(source: str = DEFAULT_SOURCE, tokenizer: str = DEFAULT_TOKENIZER,
     pool = make_pool(workers, tokenizer, tok_path) if workers > 1 else None
     try:
         src = sources.open_source(source, text_field)
-        split = Split(seed, val_fraction, src.n_docs, source)
+        split = Split(seed, val_fraction, test_fraction, src.n_docs, source)
         out.mkdir(parents=True, exist_ok=True)
         if kind == "bpe":
             log(f"training byte-level BPE of vocab {bpe_vocab} on the train split of {source}")
-            tokenizers.train_bpe((t for t, v in split_docs(src.docs(), split) if not v),
+            tokenizers.train_bpe((t for t, p in split_docs(src.docs(), split) if p == TRAIN),
                                  bpe_vocab, tok_tmp)
         # gpt2's vocab and ids are class constants: with workers, this process skips the load.
         tok = tokenizers.Gpt2 if kind == "gpt2" and pool else tokenizers.load(tokenizer, tok_path)
         if pool is None:
             _worker_tok.clear()
             _worker_tok[(tokenizer, tok_path)] = tok
-        writers = [ShardWriter(out / "train.bin"), ShardWriter(out / "val.bin")]
+        names = PARTS if test_fraction > 0 else PARTS[:2]
+        writers = [ShardWriter(out / f"{name}.bin") for name in names]
         counts = write_shards(src, split, tok, (tokenizer, tok_path), writers, pool, workers,
                               progress)
         if pool is not None:
             pool.close()
             pool.join()
             pool = None
-        for name, w in zip(("train", "val"), writers):
+        for name, w in zip(names, writers):
             if w.n < MIN_SPLIT_TOKENS:
                 raise NlqError(
                     f"the {name} split of {source!r} has {w.n} tokens ({counts[name]} "
                     f"documents), fewer than one window of {MIN_SPLIT_TOKENS} (256 + 1 "
-                    f"target): give more text or change --val-fraction "
-                    f"({val_fraction})")
+                    f"target): give more text or change --val-fraction / --test-fraction "
+                    f"({val_fraction} / {test_fraction})")
         meta = {
             "source": source, "tokenizer": tokenizer, "vocab_size": int(tok.vocab_size),
             "eot_id": int(tok.eot_id),
             "mask_id": None if tok.mask_id is None else int(tok.mask_id),
             "dtype": dtype_for(tok.vocab_size).name,
-            "train_tokens": writers[0].n, "val_tokens": writers[1].n,
-            "train_docs": counts["train"], "val_docs": counts["val"],
+            **{f"{name}_tokens": w.n for name, w in zip(names, writers)},
+            **{f"{name}_docs": counts[name] for name in names},
             "text_bytes": counts["bytes"],
-            "sha256": {"train.bin": writers[0].sha.hexdigest(),
-                       "val.bin": writers[1].sha.hexdigest()},
+            "sha256": {f"{name}.bin": w.sha.hexdigest() for name, w in zip(names, writers)},
             "nlq_version": __version__,
             "command": command if command is not None else ["nlq", *sys.argv[1:]],
-            "seed": seed, "val_fraction": val_fraction, "text_field": text_field,
+            "seed": seed, "val_fraction": val_fraction, "test_fraction": test_fraction,
+            "text_field": text_field,
         }
         commit(out, writers, tok_tmp if kind == "bpe" else None, meta)
     except BaseException as e:
@@ -314,7 +285,8 @@ def prepare(source: str = DEFAULT_SOURCE, tokenizer: str = DEFAULT_TOKENIZER,
     note = "" if kind == "gpt2" or tok.vocab_size == bpe_vocab else \
         f" (the text supports only {tok.vocab_size} of the {bpe_vocab} requested)"
     log(f"{out}: {meta['train_tokens']:,} train tokens ({meta['train_docs']} docs), "
-        f"{meta['val_tokens']:,} val tokens ({meta['val_docs']} docs), vocab "
+        f"{meta['val_tokens']:,} val tokens ({meta['val_docs']} docs), "
+        f"{meta.get('test_tokens', 0):,} test tokens ({meta.get('test_docs', 0)} docs), vocab "
         f"{meta['vocab_size']}{note}, {meta['dtype']}, {meta['text_bytes'] / 1e6:.1f} MB of "
         f"text in {time.perf_counter() - t0:.1f} s")
     return meta
@@ -323,21 +295,21 @@ def prepare(source: str = DEFAULT_SOURCE, tokenizer: str = DEFAULT_TOKENIZER,
 def write_shards(src: sources.Source, split: Split, tok, tok_key: tuple,
                  writers: list[ShardWriter], pool, workers: int,
                  progress: bool | None) -> dict:
-    """Encode every document into writers [train, val] (their .tmp files, fsynced); returns
+    """Encode every document into writers [train, val, test] (their .tmp files, fsynced); returns
     document counts and text bytes. Raw documents go to the workers, which clean them
     (src.clean) and encode; results come back in document order."""
     from tqdm import tqdm
 
-    counts = {"train": 0, "val": 0, "bytes": 0}
+    counts = {name: 0 for name in PARTS} | {"bytes": 0}
     job = (*tok_key, dtype_for(tok.vocab_size).name, src.clean)
     with tqdm(total=src.n_bytes, unit="B", unit_scale=True, desc="tokenizing",
               disable=None if progress is None else not progress) as bar:
-        for train, val, n_train, n_val, n_bytes in encode_all(
+        for arrs, n_docs, n_bytes in encode_all(
                 job, tasks(split_docs(src.iterate(), split)), workers, pool):
-            writers[0].write(train)
-            writers[1].write(val)
-            counts["train"] += n_train
-            counts["val"] += n_val
+            for w, arr in zip(writers, arrs):  # no test writer: the test part is empty
+                w.write(arr)
+            for name, n in zip(PARTS, n_docs):
+                counts[name] += n
             counts["bytes"] += n_bytes
             bar.update(n_bytes)
     for w in writers:

@@ -23,17 +23,19 @@ import torch
 from nlq.errors import NlqError
 
 # Independent streams of the data seed (numpy SeedSequence entropy words).
-_TRAIN, _VAL, _MLM_TRAIN, _MLM_VAL = 0, 1, 2, 3
+_TRAIN, _VAL, _MLM_TRAIN, _MLM_VAL, _MLM_TEST = 0, 1, 2, 3, 4
 
 
 @dataclass
 class TokenData:
-    """A folder written by `nlq prepare`: train.bin / val.bin memmaps plus meta.json."""
+    """A folder written by `nlq prepare`: train.bin / val.bin / test.bin memmaps plus
+    meta.json. test is None for a folder prepared without a test split."""
 
     dir: Path
     meta: dict
     train: np.ndarray
     val: np.ndarray
+    test: np.ndarray | None = None
 
     @classmethod
     def open(cls, dir: str | Path) -> TokenData:
@@ -66,8 +68,10 @@ class TokenData:
                            f"holds ids below {np.iinfo(dtype).max + 1} only: meta.json and its "
                            f"shards disagree (re-run `nlq prepare --out {d} --force`)")
         splits = {}
-        for split in ("train", "val"):
+        for split in ("train", "val", "test"):
             path = d / f"{split}.bin"
+            if split == "test" and "test_tokens" not in meta:
+                continue  # prepared without a test split (or before nlq had one)
             if not path.is_file():
                 raise NlqError(f"missing {path} (re-run `nlq prepare --out {d} --force`)")
             n = path.stat().st_size // dtype.itemsize
@@ -79,7 +83,7 @@ class TokenData:
                     f"(re-run `nlq prepare --out {d} --force`)"
                 )
             splits[split] = np.memmap(path, dtype=dtype, mode="r") if n else np.zeros(0, dtype)
-        return cls(d, meta, splits["train"], splits["val"])
+        return cls(d, meta, splits["train"], splits["val"], splits.get("test"))
 
     @property
     def vocab_size(self) -> int:
@@ -100,6 +104,15 @@ class TokenData:
                     f"of model.block_size + 1 = {block_size + 1}"
                 )
 
+
+    def test_docs(self) -> list[np.ndarray]:
+        """The test split's documents, each with its closing end-of-text token; an error
+        naming the folder when it has no test split."""
+        if self.test is None:
+            raise NlqError(f"{self.dir} has no test split: re-run `nlq prepare --force` with "
+                           f"the arguments in its meta.json (or set train.test_eval = false)")
+        ends = np.flatnonzero(np.asarray(self.test) == self.meta["eot_id"]) + 1
+        return np.split(np.asarray(self.test), ends[:-1])
 
     def check_ids(self, windows: torch.Tensor, split: str, what: str) -> None:
         """Every id of windows (read from split.bin) must be below the data's vocab_size: a
@@ -167,4 +180,4 @@ def mlm_corrupt(tokens: torch.Tensor, seed: int, key: tuple[int, ...], prob: flo
     return inputs, targets
 
 
-MLM_TRAIN, MLM_VAL = _MLM_TRAIN, _MLM_VAL
+MLM_TRAIN, MLM_VAL, MLM_TEST = _MLM_TRAIN, _MLM_VAL, _MLM_TEST

@@ -40,7 +40,7 @@ SPEC_HELP = ("embedded, embedded:kjv, embedded:all, hf:NAME[:CONFIG], or a .txt/
 class Source:
     """Documents of one spec. Where the document count is known (files, embedded corpora,
     saved HF datasets) the split draws an exact number of validation documents; a streamed
-    HF dataset (n_docs None) gets the per-document draw (nlq.data.prepare.Split)."""
+    HF dataset (n_docs None) gets the per-document draw (nlq.data.split.Split)."""
 
     spec: str
     slug: str  # names the default output folder, data/<slug>-<tokenizer>

@@ -2,9 +2,11 @@
 
 An experiment (nlq/experiments/experiment.py: its arms by name, a [base] of overrides, its
 claims) is resolved against a preset and written to OUT/experiment.toml; every arm runs for
-every seed as an ordinary `nlq train` run dir under OUT/runs/<arm>/seed<k>/. All arms and
-seeds share one data seed, so they see identical batches; seed k sets the model init seed
-train.seed + k for every arm, so arms are paired by seed. Running the command again skips
+every seed as an ordinary `nlq train` run dir under OUT/runs/<arm>/seed<k>/. Seed k sets the
+init seed train.seed + k and the data seed data.seed + k for every arm: arms with the same k
+see identical batches and start with the same values in every tensor they share
+(nlq/model/transformer.py, reset_parameters), so arms are paired by seed, and seeds differ in
+both init and data order. Running the command again skips
 finished runs and resumes interrupted ones. The report (nlq/eval/report.py) is written to
 OUT at the end.
 """
@@ -57,21 +59,27 @@ def plan(exp: Experiment, preset: str, seeds: int, arm_names: list[str] | None,
         if exp.baseline not in names:
             names.insert(0, exp.baseline)  # every comparison needs the baseline
     arms = experiment_arms(exp, preset, sets, names)
-    return [RunSpec(a, k, cfg.replace(**{"train.seed": cfg.train.seed + k}),
+    # seed k: init seed train.seed + k and data order data.seed + k, the same in every arm
+    return [RunSpec(a, k, cfg.replace(**{"train.seed": cfg.train.seed + k,
+                                         "data.seed": cfg.data.seed + k}),
                     out / "runs" / a / f"seed{k}")
             for k in range(seeds) for a, cfg in arms.items()]
 
 
 def ensure_data(preset: str, cfg: Config) -> None:
     d = Path(cfg.data.dir)
-    if (d / "meta.json").is_file():
+    meta = d / "meta.json"
+    old = meta.is_file() and "test_tokens" not in json.loads(meta.read_text())
+    if meta.is_file() and not (old and cfg.train.test_eval):
         return
     if preset not in PRESET_DATA:
-        raise NlqError(f"data dir {d} is missing: prepare it with `nlq prepare --out {d}`")
+        what = "has no test split" if old else "is missing"
+        raise NlqError(f"data dir {d} {what}: prepare it with `nlq prepare --out {d} --force`")
     source, tok = PRESET_DATA[preset]
-    print(f"reproduce: preparing {d} ({source}, {tok})", file=sys.stderr)
+    why = "it has no test split" if old else "missing"
+    print(f"reproduce: preparing {d} ({source}, {tok}; {why})", file=sys.stderr)
     cmd = [sys.executable, "-m", "nlq", "prepare", "--source", source, "--tokenizer", tok,
-           "--out", str(d)]
+           "--out", str(d), *(["--force"] if old else [])]
     if subprocess.run(cmd, check=False).returncode != 0:
         raise NlqError(f"`{' '.join(cmd[2:])}` failed (see above)")
 

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import json
 import math
+import zlib
 from pathlib import Path
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
@@ -113,10 +115,23 @@ def prefix_lm_mask(T: int, prefix_len, device=None) -> torch.Tensor:
     return causal | ((i[None, :] < p) & (i[:, None] < p))  # (B, 1, T, T)
 
 
+def _normal_(w: torch.Tensor, std: float, seed: int, name: str) -> None:
+    """w <- N(0, std^2) drawn on the CPU from a generator seeded by (seed, name): the same
+    values on every device and whatever the module order (see reset_parameters)."""
+    if w.is_meta:  # counting parameters (nlq/model/params.py): nothing to draw
+        return
+    key = np.random.SeedSequence([seed, zlib.crc32(name.encode())]).generate_state(2)
+    g = torch.Generator().manual_seed(int(key[0]) << 32 | int(key[1]))
+    w.copy_(torch.randn(w.shape, generator=g, dtype=torch.float32, device="cpu").mul_(std))
+
+
 class Transformer(nn.Module):
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, seed: int | None = None):
+        """seed keys every parameter's initial values (reset_parameters); None draws one
+        from torch's global generator, so torch.manual_seed still decides the init."""
         super().__init__()
         self.cfg = cfg
+        self.seed = int(torch.randint(0, 2**31 - 1, (), device="cpu")) if seed is None else int(seed)
         self.wte = nn.Embedding(cfg.vocab_size, cfg.d_model)
         self.wpe = nn.Embedding(cfg.block_size, cfg.d_model) if cfg.pos_emb == "learned" else None
         self.drop = nn.Dropout(cfg.dropout)
@@ -134,17 +149,25 @@ class Transformer(nn.Module):
     @torch.no_grad()
     def reset_parameters(self) -> None:
         """GPT-2 / nanoGPT init: N(0, 0.02) for weights and embeddings, zero biases, residual
-        output projections N(0, 0.02 / sqrt(2 n_layer)); norms at weight 1, bias 0."""
+        output projections N(0, 0.02 / sqrt(2 n_layer)); norms at weight 1, bias 0.
+
+        Each tensor is drawn from its own generator, keyed by (seed, parameter name): two
+        arms built with the same seed start with bitwise the same values in every tensor they
+        share by name and shape (embeddings, K, V, output projections, ...), whatever else
+        differs (a wider MLP, another query module), so seed-paired arms differ only where
+        their architectures do."""
         std = self.cfg.init_std
         resid_std = std / math.sqrt(2 * self.cfg.n_layer)
         for name, mod in self.named_modules():
             if isinstance(mod, nn.Linear):
+                if self.cfg.tie_embeddings and mod is self.lm_head:
+                    continue  # its weight is wte's, drawn under the name wte.weight
                 resid = name.endswith(("attn.o_proj", "mlp.proj"))
-                nn.init.normal_(mod.weight, 0.0, resid_std if resid else std)
+                _normal_(mod.weight, resid_std if resid else std, self.seed, f"{name}.weight")
                 if mod.bias is not None:
                     nn.init.zeros_(mod.bias)
             elif isinstance(mod, nn.Embedding):
-                nn.init.normal_(mod.weight, 0.0, std)
+                _normal_(mod.weight, std, self.seed, f"{name}.weight")
             elif isinstance(mod, (nn.LayerNorm, RMSNorm)):
                 nn.init.ones_(mod.weight)
                 if getattr(mod, "bias", None) is not None:

@@ -13,6 +13,7 @@ import torch
 
 from nlq.config import Config, objective
 from nlq.data.schedule import (
+    MLM_TEST,
     MLM_TRAIN,
     MLM_VAL,
     TokenData,
@@ -45,6 +46,8 @@ class Batches:
         self.prefix_len = int(t.prefix_frac * self.T) if m.arch == "prefix" else None
         self.micros = micro_indices(t.grad_accum, world.rank, world.size)  # this rank's share
         self.val, self.val_valid = self._val_shard()
+        if t.test_eval and self.data.test is None:
+            self.data.test_docs()  # the error that names the folder, before any training
 
     def _val_shard(self) -> tuple[torch.Tensor, torch.Tensor]:
         """This rank's val chunks (n_chunks, B, T+1) and which windows are real (n_chunks, B).
@@ -77,6 +80,23 @@ class Batches:
         x, y = self._inputs_targets(self.val[i], (MLM_VAL, i * self.world.size + self.world.rank))
         y[~self.val_valid[i].to(self.device)] = -1
         return x, y
+
+    def test_inputs_targets(self, w: torch.Tensor, chunk: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Test windows (b, T+1), -1 = padding, of global chunk `chunk` -> inputs, targets
+        (b, T) on the device; padding carries no loss. MLM masks are keyed by the chunk and
+        the data's split seed, so every run on the data masks the same test tokens."""
+        pad = w < 0
+        w = w.clamp(min=0)
+        if self.objective == "clm":
+            x, y = w[:, :-1], w[:, 1:].clone()  # (b, T) each
+            y[pad[:, 1:]] = -1
+            if self.prefix_len is not None:
+                y[:, : self.prefix_len] = -1
+        else:
+            x, y = mlm_corrupt(w[:, :-1], int(self.data.meta.get("seed", 0)), (MLM_TEST, chunk),
+                               self.t.mlm_prob, self.mask_id, self.data.vocab_size)
+            y[pad[:, :-1]] = -1
+        return x.to(self.device), y.to(self.device)
 
     def _inputs_targets(self, w: torch.Tensor, key: tuple) -> tuple[torch.Tensor, torch.Tensor]:
         """Windows (B, T+1) -> inputs, targets (B, T) each, on the device: next tokens (clm)

@@ -1,11 +1,13 @@
 """The validation loss of a run: a sum of nats over a sum of target tokens on the fixed val
-windows, all-reduced over the ranks (so it is the same for every world size)."""
+windows, all-reduced over the ranks (so it is the same for every world size); and the test
+split's loss per document, once, at the end of a run."""
 
 from __future__ import annotations
 
 import contextlib
 import math
 
+import numpy as np
 import torch
 
 from nlq.train import dist
@@ -30,3 +32,53 @@ def evaluate(wrapped: torch.nn.Module, batches: Batches, world: dist.World,
     wrapped.train()
     loss = (nats / count).item()
     return loss, math.exp(min(loss, 700.0))  # exp overflows a float beyond ~709
+
+
+@torch.no_grad()
+def evaluate_test(wrapped: torch.nn.Module, batches: Batches, world: dist.World,
+                  autocast: contextlib.AbstractContextManager) -> dict:
+    """The whole test split, document by document: {"doc", "nats", "tokens"} per test
+    document (the sum of nats and the number of scored tokens), identical on every rank.
+
+    Each document is scored as the model reads documents in training, after an end-of-text
+    token: [eot] + doc, cut into consecutive windows of T + 1 tokens (the last one shorter,
+    padded with targets that carry no loss), so every token of the document, its closing
+    end-of-text included, is predicted once with the context of its own window. Rank r runs
+    chunks r, r+W, ... of micro_batch windows; the per-document sums are all-reduced."""
+    wrapped.eval()
+    docs = batches.data.test_docs()
+    windows, owner = doc_windows(docs, batches.T, int(batches.data.meta["eot_id"]))
+    B, W, dev = batches.t.micro_batch, world.size, batches.device
+    n_chunks = math.ceil(len(windows) / (B * W)) * W  # every rank runs as many forwards
+    nats = torch.zeros(len(docs), dtype=torch.float64, device=dev)
+    count = torch.zeros(len(docs), dtype=torch.float64, device=dev)
+    for c in range(world.rank, n_chunks, W):
+        w = windows[c * B:(c + 1) * B]  # (b, T+1), b <= B; empty for a padding chunk
+        if len(w) == 0:
+            w = torch.full((1, batches.T + 1), -1, dtype=torch.long)
+        x, y = batches.test_inputs_targets(w, c)
+        with autocast:
+            _, loss = wrapped(x, y, prefix_len=batches.prefix_len, reduction="none")  # (b, T)
+        rows = owner[c * B:(c + 1) * B].to(dev)
+        if len(rows):
+            nats.index_add_(0, rows, loss.double().sum(1))
+            count.index_add_(0, rows, (y >= 0).sum(1).double())
+    dist.all_reduce_sum(nats, world)
+    dist.all_reduce_sum(count, world)
+    wrapped.train()
+    return {"doc": list(range(len(docs))), "nats": nats.tolist(),
+            "tokens": [int(n) for n in count.tolist()]}
+
+
+def doc_windows(docs: list, T: int, eot: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(windows (N, T+1), -1 = padding; owner (N,): each window's document index)."""
+    rows, owner = [], []
+    for j, d in enumerate(docs):
+        s = torch.from_numpy(np.concatenate([[eot], np.asarray(d, dtype=np.int64)]))
+        for a in range(0, len(d), T):
+            w = torch.full((T + 1,), -1, dtype=torch.long)
+            piece = s[a:a + T + 1]  # (<= T+1,)
+            w[:len(piece)] = piece
+            rows.append(w)
+            owner.append(j)
+    return torch.stack(rows), torch.tensor(owner, dtype=torch.long)

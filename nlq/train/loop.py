@@ -16,10 +16,8 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-import signal
 import sys
 import time
-import types
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,8 +31,10 @@ from nlq.fsutil import write_atomic
 from nlq.model import Transformer
 from nlq.train import checkpoint, dist, faults
 from nlq.train.batches import Batches
-from nlq.train.evaluate import evaluate
+from nlq.train.console import progress_bar, stop_on_signals
+from nlq.train.evaluate import evaluate, evaluate_test
 from nlq.train.rundir import RunDir, prepare_run_dir
+from nlq.train.spikes import Spikes
 
 
 class Diverged(NlqError):
@@ -45,12 +45,12 @@ def lr_at(step: int, t) -> float:
     """lr of the optimizer step taken at `step` (0 .. max_steps - 1): linear warmup for
     warmup_steps (nanoGPT), then cosine from lr down to min_lr, reached at the last step
     (docs/paper.md, "The training recipe": cosine decay to min_lr at the last step)."""
-    if step < t.warmup_steps:
-        return t.lr * (step + 1) / (t.warmup_steps + 1)
+    if step < t.warmup:
+        return t.lr * (step + 1) / (t.warmup + 1)
     last = t.max_steps - 1
     if step >= last:
         return t.min_lr
-    ratio = (step - t.warmup_steps) / (last - t.warmup_steps)
+    ratio = (step - t.warmup) / (last - t.warmup)
     return t.min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (t.lr - t.min_lr)
 
 
@@ -93,6 +93,7 @@ class Run:
     autocast: contextlib.AbstractContextManager  # bf16 autocast, or nothing
     fault_hooks: faults.Faults | None  # NLQ_FAULT's kill points (the crash tests), else None
     params: dict[str, int]  # parameter counts, for the meta row and the summary
+    spikes: Spikes  # the spike detector (nlq/train/spikes.py), restored on resume
 
 
 @dataclass
@@ -181,6 +182,13 @@ def _train(run: Run, resume: bool, progress: bool) -> dict:
                            "elapsed": pos.elapsed})
                 if bar is not None:
                     bar.set_postfix(loss=f"{train_loss:.3f}", tok_s=f"{tps:,.0f}")
+            for spike in run.spikes.update(pos.step, train_loss, grad_norm):
+                if world.main:
+                    files.log({"kind": "spike", "step": spike["step"], "of": spike["kind"],
+                               "value": spike["value"], "ref": spike["ref"]})
+                    print(f"nlq: warning: {spike['kind']} spike at step {spike['step']}: "
+                          f"{spike['value']:.4g} vs running median {spike['ref']:.4g}",
+                          file=sys.stderr)
             if bar is not None:
                 bar.update(1)
     return finish(run, pos, val_loss, val_ppl)
@@ -192,8 +200,7 @@ def set_up(cfg: Config, files: RunDir, world: dist.World, device: torch.device) 
     optimizer, the precision, and NLQ_FAULT's hooks where the crash tests set it."""
     t = cfg.train
     batches = Batches(cfg, world, device)
-    torch.manual_seed(t.seed)
-    model = Transformer(cfg.model).to(device)
+    model = Transformer(cfg.model, seed=t.seed).to(device)  # init keyed by (seed, name)
     params = {"params_total": model.num_params(),
               "params_non_embedding": model.num_params(non_embedding=True)}
     if t.compile:
@@ -208,7 +215,8 @@ def set_up(cfg: Config, files: RunDir, world: dist.World, device: torch.device) 
     armed = faults.from_env()  # the crash tests' kill points (NLQ_FAULT); None outside tests
     if armed is not None:
         armed.attach(model, optimizer)
-    return Run(cfg, world, device, files, batches, wrapped, optimizer, autocast, armed, params)
+    return Run(cfg, world, device, files, batches, wrapped, optimizer, autocast, armed, params,
+               Spikes())
 
 
 def start(run: Run, resume: bool) -> tuple[Position, bool]:
@@ -240,6 +248,7 @@ def start(run: Run, resume: bool) -> tuple[Position, bool]:
             why = " ".join(str(e).split())  # load_state_dict's message spans lines
             raise NlqError(f"checkpoint {ck.path} does not fit this model: {why}") from None
         pos = Position(ck.state["step"], ck.state["tokens"], ck.state["elapsed"])
+        run.spikes = Spikes(ck.state.get("spikes"))
         metrics_offset = ck.state["metrics_bytes"]
     if world.main:
         run.files.open_logs(metrics_offset, pos.step)
@@ -295,52 +304,28 @@ def save_checkpoint(run: Run, pos: Position) -> None:
              "metrics_bytes": run.files.metrics_bytes(), "model_config": cfg.to_dict()["model"],
              "param_groups": checkpoint.groups_json(optim_sd["param_groups"]),
              "world_size": run.world.size, "nlq_version": __version__,
-             "rng": "derived: dropout reseeded from (train.seed, step, rank)"}
+             "rng": "derived: dropout reseeded from (train.seed, step, rank)",
+             "spikes": run.spikes.state()}
     checkpoint.save(run.files.path, pos.step, {k: v.contiguous() for k, v in model_sd.items()},
                     checkpoint.optim_to_flat(optim_sd), state, cfg.train.keep_checkpoints,
                     on_stage=run.fault_hooks and run.fault_hooks.checkpoint_stage)
 
 
 def finish(run: Run, pos: Position, val_loss: float, val_ppl: float) -> dict:
-    """The summary of a finished run, written to summary.json by rank 0."""
+    """The summary of a finished run, written to summary.json by rank 0, with the spikes and,
+    when train.test_eval, the whole test split's loss (per document in test_docs.json)."""
     summary = {"status": "finished", "step": pos.step, "tokens": pos.tokens,
                "val_loss": val_loss, "val_ppl": val_ppl, **run.params,
                "elapsed_s": pos.elapsed, "tok_per_s": pos.tokens / max(pos.elapsed, 1e-9),
-               "world_size": run.world.size}
+               "world_size": run.world.size, "warmup_steps": run.cfg.train.warmup,
+               "n_spikes": len(run.spikes.found), "spikes": run.spikes.found}
+    if run.cfg.train.test_eval:
+        docs = evaluate_test(run.wrapped, run.batches, run.world, run.autocast)
+        test_loss = sum(docs["nats"]) / sum(docs["tokens"])
+        summary |= {"test_loss": test_loss, "test_ppl": math.exp(min(test_loss, 700.0)),
+                    "test_tokens": sum(docs["tokens"]), "test_docs": len(docs["doc"])}
+        if run.world.main:
+            write_atomic(run.files.path / "test_docs.json", json.dumps(docs))
     if run.world.main:
         write_atomic(run.files.path / "summary.json", json.dumps(summary, indent=2))
     return summary
-
-
-@contextlib.contextmanager
-def stop_on_signals():
-    """SIGINT / SIGTERM set .signum of the yielded flag (0: none yet): the loop finishes the
-    current step, checkpoints at the boundary and exits cleanly. Handlers restored after."""
-    flag = types.SimpleNamespace(signum=0)
-
-    def on_signal(signum, _frame):
-        flag.signum = signum
-
-    old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield flag
-    finally:
-        for s, handler in old.items():
-            signal.signal(s, handler)
-
-
-@contextlib.contextmanager
-def progress_bar(run: Run, step: int, progress: bool):
-    """A tqdm bar on stderr from `step` (rank 0, when asked for), else None."""
-    if not (run.world.main and progress):
-        yield None
-        return
-    from tqdm import tqdm
-
-    bar = tqdm(total=run.cfg.train.max_steps, initial=step, desc=run.files.path.name,
-               unit="step", dynamic_ncols=True, file=sys.stderr)
-    try:
-        yield bar
-    finally:
-        bar.close()
-

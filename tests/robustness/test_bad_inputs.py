@@ -441,7 +441,7 @@ def test_read_only_dir(tmp_path, data, mounts, zygote, tmp_path_factory):
     stopped_at_6(ref, src / "stopped")
     make_data(src / "data", n_train=2000, n_val=400)
     (src / "corpus").mkdir()
-    for i in range(2):  # the split is by document: two at least
+    for i in range(3):  # the split is by document: three at least (train, val, test)
         (src / "corpus" / f"{i}.txt").write_text("some text\n" * 500)
     cfg = write_config(tmp_path / "ok.toml", tiny_config(data, **SHORT))
     mounts("--bind", src, ro)

@@ -1,0 +1,85 @@
+"""The test split: scored once at the end of a run, document by document, and equal to a
+plain reference computation; a data dir without one is a clear error before training."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import helpers
+import pytest
+import torch
+import torch.nn.functional as F
+from helpers import EOT, make_data, tiny_config
+from safetensors.torch import load_file
+
+from nlq.data.schedule import TokenData
+from nlq.errors import NlqError
+from nlq.model import Transformer
+from nlq.train.evaluate import doc_windows
+from nlq.train.loop import train
+
+one_thread = helpers.one_thread
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    data = make_data(tmp_path_factory.mktemp("data"))
+    d = tmp_path_factory.mktemp("run") / "r"
+    cfg = tiny_config(data)
+    train(cfg, d, progress=False)
+    return cfg, data, d
+
+
+def reference_doc_losses(cfg, data_dir, run_dir):
+    """Each test document after an end-of-text token, scored window by window with a plain
+    forward and F.cross_entropy: (nats, tokens) per document."""
+    sd = load_file(str(helpers.final_ckpt(run_dir) / "model.safetensors"))
+    if cfg.model.tie_embeddings:
+        sd["lm_head.weight"] = sd["wte.weight"]
+    model = Transformer(cfg.model, seed=0)
+    model.load_state_dict(sd)
+    model.eval()
+    data = TokenData.open(data_dir)
+    out, T = [], cfg.model.block_size
+    with torch.no_grad():
+        for doc in data.test_docs():
+            s = torch.tensor([EOT, *doc.tolist()])
+            nats = 0.0
+            for a in range(0, len(doc), T):
+                piece = s[a:a + T + 1]
+                logits, _ = model(piece[None, :-1])
+                nats += F.cross_entropy(logits[0], piece[1:], reduction="sum").item()
+            out.append((nats, len(doc)))
+    return out
+
+
+def test_per_document_losses_match_a_plain_reference(run):
+    cfg, data, d = run
+    docs = json.loads((d / "test_docs.json").read_text())
+    ref = reference_doc_losses(cfg, data, d)
+    assert len(docs["doc"]) == len(ref) > 1
+    assert docs["tokens"] == [n for _, n in ref]
+    assert docs["nats"] == pytest.approx([x for x, _ in ref], rel=1e-5)
+    summary = json.loads((d / "summary.json").read_text())
+    assert summary["test_loss"] == pytest.approx(sum(docs["nats"]) / sum(docs["tokens"]))
+    assert summary["test_tokens"] == sum(docs["tokens"]) == len(TokenData.open(data).test)
+    assert summary["test_docs"] == len(docs["doc"])
+    assert summary["test_ppl"] == pytest.approx(math.exp(summary["test_loss"]))
+
+
+def test_doc_windows_cover_each_document_once():
+    docs = [torch.arange(1, 6).numpy(), torch.arange(10, 13).numpy()]
+    w, owner = doc_windows(docs, 2, 0)
+    assert owner.tolist() == [0, 0, 0, 1, 1]
+    assert w.tolist() == [[0, 1, 2], [2, 3, 4], [4, 5, -1], [0, 10, 11], [11, 12, -1]]
+
+
+def test_a_data_dir_without_test_split_is_an_error_before_training(tmp_path):
+    data = make_data(tmp_path / "old", n_test=None)
+    with pytest.raises(NlqError, match="has no test split"):
+        train(tiny_config(data), tmp_path / "r", progress=False)
+    assert not (tmp_path / "r" / "ckpt").exists()
+    # without test_eval the same folder trains
+    s = train(tiny_config(data, **{"train.test_eval": False}), tmp_path / "r2", progress=False)
+    assert s["status"] == "finished" and "test_loss" not in s
