@@ -98,25 +98,69 @@ def add_reproduce_arguments(p) -> None:
                    help="config override for every arm, e.g. train.max_steps=100")
     p.add_argument("--force", action="store_true",
                    help="train gpt3-small even where no GPU is present")
+    p.add_argument("--lrs-from", default=None, metavar="SWEEP_JSON",
+                   help="train each arm at the lr that `nlq sweep` chose for it on val (its "
+                        "sweep.json; same preset and --set); written to OUT/lrs.json")
 
 
 def run_reproduce(args) -> int:
-    import torch
-
     from nlq.config import parse_sets
-    from nlq.errors import NlqError
     from nlq.experiments.reproduce import reproduce
 
     arms = [a.strip() for a in args.arms.split(",") if a.strip()] if args.arms else None
-    jobs = args.jobs
+    jobs = _jobs(args.jobs)
+    exp_name = Path(args.experiment).stem
+    out = Path(args.out or f"out/{exp_name}-{args.preset}")
+    return reproduce(args.experiment, args.preset, args.seeds, arms, out, jobs, args.force,
+                     parse_sets(args.set), Path(args.lrs_from) if args.lrs_from else None)
+
+
+# ---------------------------------------------------------------------------------------
+# nlq sweep
+
+
+def add_sweep_arguments(p) -> None:
+    p.add_argument("--experiment", default="paper", metavar="NAME|FILE",
+                   help="shipped experiment or a TOML file (default: paper)")
+    p.add_argument("--preset", default="small", help="preset name (default: small)")
+    p.add_argument("--arms", default=None, metavar="A,B,...",
+                   help="sweep only these arms (the baseline is always added)")
+    p.add_argument("--lrs", required=True, metavar="LR,LR,...",
+                   help="the lr grid: at least 3 values rising in x2 steps, e.g. 6e-3,1.2e-2,2.4e-2")
+    p.add_argument("--seeds", type=int, default=2, help="seeds per arm and lr (>= 2; default 2)")
+    p.add_argument("--out", default=None, metavar="DIR",
+                   help="output dir (default: out/sweep-<experiment>-<preset>)")
+    p.add_argument("--jobs", type=int, default=None,
+                   help="runs trained at once (default: 2 on a CPU with >= 2 cores, else 1)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="config override for every run, e.g. train.max_steps=100")
+
+
+def run_sweep(args) -> int:
+    from nlq.config import parse_sets
+    from nlq.errors import NlqError
+    from nlq.experiments.sweep import sweep
+
+    try:
+        lrs = [float(x) for x in args.lrs.split(",") if x.strip()]
+    except ValueError:
+        raise NlqError(f"--lrs {args.lrs!r}: give numbers separated by commas") from None
+    arms = [a.strip() for a in args.arms.split(",") if a.strip()] if args.arms else None
+    out = Path(args.out or f"out/sweep-{Path(args.experiment).stem}-{args.preset}")
+    return sweep(args.experiment, args.preset, arms, lrs, args.seeds, out,
+                 _jobs(args.jobs), parse_sets(args.set))
+
+
+def _jobs(jobs: int | None) -> int:
+    import torch
+
+    from nlq.errors import NlqError
+
     if jobs is None:
         jobs = 2 if not torch.cuda.is_available() and (os.cpu_count() or 1) >= 2 else 1
     if jobs < 1:
         raise NlqError(f"--jobs must be >= 1, got {jobs}")
-    exp_name = Path(args.experiment).stem
-    out = Path(args.out or f"out/{exp_name}-{args.preset}")
-    return reproduce(args.experiment, args.preset, args.seeds, arms, out, jobs, args.force,
-                     parse_sets(args.set))
+    return jobs
 
 
 # ---------------------------------------------------------------------------------------
@@ -163,4 +207,6 @@ COMMANDS = {
                   add_reproduce_arguments, run_reproduce),
     "report": ("statistics over seeds, report.md/json and Fig. 1 from finished runs",
                add_report_arguments, run_report),
+    "sweep": ("tune each arm's lr alike on val (loss-vs-lr figure, sweep.json)",
+              add_sweep_arguments, run_sweep),
 }

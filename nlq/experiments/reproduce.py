@@ -13,6 +13,7 @@ OUT at the end.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -43,6 +44,11 @@ class RunSpec:
     seed_index: int
     cfg: Config
     run_dir: Path
+    tag: str = ""  # e.g. a sweep's lr: part of the config file's name
+
+    @property
+    def config_name(self) -> str:
+        return f"{self.tag}{self.arm}-seed{self.seed_index}.toml"
 
 
 def plan(exp: Experiment, preset: str, seeds: int, arm_names: list[str] | None,
@@ -109,17 +115,32 @@ def print_cost(specs: list[RunSpec], out: Path, gpus: int = 8, mfu: float = 0.40
 
 
 def _run_state(spec: RunSpec) -> str:
+    """finished, resume or new; a run dir holding another config (e.g. another lr) than the
+    plan is an error, finished or not: its numbers would answer another question."""
     d = spec.run_dir
-    if (d / "summary.json").is_file():
-        return "finished"
     if (d / "config.toml").is_file():
         written = load_config(d / "config.toml")
         if written != spec.cfg:
-            raise NlqError(f"{d} holds a run of another config than this experiment plans "
-                           f"(arm {spec.arm!r}): use another --out or remove it")
-        if any((d / "ckpt").glob("step_*")):
-            return "resume"
+            diff = [k for k, v in _flat(spec.cfg.to_dict()).items()
+                    if _flat(written.to_dict()).get(k) != v]
+            raise NlqError(f"{d} holds a run of another config than this command plans "
+                           f"(arm {spec.arm!r}; differs in {', '.join(diff) or 'keys'}): use "
+                           f"another --out or remove it")
+    if (d / "summary.json").is_file():
+        return "finished"
+    if any((d / "ckpt").glob("step_*")):
+        return "resume"
     return "new"
+
+
+def _flat(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out |= _flat(v, f"{prefix}{k}.")
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
 
 
 def _last_step(run_dir: Path) -> int:
@@ -150,7 +171,7 @@ def run_all(specs: list[RunSpec], exp: Experiment, jobs: int, out: Path) -> list
         state = _run_state(s)
         if state == "finished":
             continue
-        cfg_path = out / "configs" / f"{s.arm}-seed{s.seed_index}.toml"
+        cfg_path = out / "configs" / s.config_name
         if state == "new":
             shutil.rmtree(s.run_dir, ignore_errors=True)  # a start that never checkpointed
             s.run_dir.mkdir(parents=True)
@@ -203,17 +224,29 @@ def run_all(specs: list[RunSpec], exp: Experiment, jobs: int, out: Path) -> list
 
 
 def reproduce(experiment: str, preset: str, seeds: int, arm_names: list[str] | None,
-              out: Path, jobs: int, force: bool, sets: dict | None = None) -> int:
+              out: Path, jobs: int, force: bool, sets: dict | None = None,
+              lrs_from: Path | None = None) -> int:
     import torch
+
+    from nlq.experiments.sweep import lrs_from as read_lrs
 
     exp = load_experiment(experiment)
     specs = plan(exp, preset, seeds, arm_names, out, sets)
+    lrs = None
+    if lrs_from is not None:  # each arm at the lr its sweep chose on val
+        lrs = read_lrs(lrs_from, preset, sets, sorted({s.arm for s in specs}))
+        specs = [dataclasses.replace(s, cfg=s.cfg.replace(**{
+            "train.lr": lrs["lrs"][s.arm],
+            "train.min_lr": lrs["lrs"][s.arm] * s.cfg.train.min_lr / s.cfg.train.lr}))
+            for s in specs]
     out.mkdir(parents=True, exist_ok=True)
+    if lrs is not None:
+        (out / "lrs.json").write_text(json.dumps(lrs, indent=2))
     # the experiment as resolved, for `nlq report OUT` to find its claims
     (out / EXPERIMENT_FILE).write_text(experiment_toml(exp), encoding="utf-8")
     (out / "configs").mkdir(exist_ok=True)
     for s in specs:
-        (out / "configs" / f"{s.arm}-seed{s.seed_index}.toml").write_text(s.cfg.to_toml())
+        (out / "configs" / s.config_name).write_text(s.cfg.to_toml())
     if preset == "gpt3-small" and not torch.cuda.is_available() and not force:
         print_cost(specs, out)
         return 0
