@@ -70,9 +70,13 @@ def test_paired_interval_by_hand():
     assert e.excludes_zero
     # Perplexity: 100 (e^-0.04 - 1), 100 (e^-0.082 - 1), 100 (e^-0.063 - 1)
     assert p.ppl_pct == pytest.approx([-3.921056, -7.872804, -6.105653], abs=1e-6)
+    # The perplexity interval is 100 expm1 of the log-loss difference's interval: differences
+    # -0.04, -0.082, -0.063 nats, mean -0.185/3, sd 0.0210317, half width 0.0522457.
+    assert p.diff == pytest.approx([-0.04, -0.082, -0.063])
     q = p.ppl()
-    assert q.mean == pytest.approx(-5.966504, abs=1e-6)
-    assert (q.lo, q.hi) == (pytest.approx(-10.883968, abs=1e-6), pytest.approx(-1.049041, abs=1e-6))
+    assert q.mean == pytest.approx(100 * math.expm1(-0.185 / 3), abs=1e-9)
+    assert q.mean == pytest.approx(-5.980377, abs=1e-6)
+    assert (q.lo, q.hi) == (pytest.approx(-10.766384, abs=1e-6), pytest.approx(-0.937673, abs=1e-6))
 
 
 def test_relative_changes():

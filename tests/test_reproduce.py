@@ -59,9 +59,13 @@ def test_experiment_arm_names_come_from_arms_toml(tmp_path):
     p.write_text('arms = ["linear", "nonlinaer"]\n')
     with pytest.raises(NlqError, match="unknown arm 'nonlinaer'"):
         load_experiment(p)
-    p.write_text('arms = ["linear"]\nhypothesis = "encoder"\nreference = "encoder"\n')
+    p.write_text('arms = ["linear", "nonlinear", "linear+12.5%"]\nhypothesis = "encoder"\n'
+                 'reference = "encoder"\n')
     exp = load_experiment(p)
     assert exp.claims == load_experiment("paper").claims  # encoder declares paper's claims
+    p.write_text('arms = ["linear", "nonlinear"]\nhypothesis = "paper"\n')
+    with pytest.raises(NlqError, match="names arm 'linear\\+12.5%'"):
+        load_experiment(p)
 
 
 @pytest.fixture(scope="module")
@@ -75,7 +79,7 @@ def experiment(tmp_path_factory):
 def test_report_numbers_recomputed_from_run_dirs(experiment):
     _, out, _ = experiment
     rep = json.loads((out / "report.json").read_text())
-    final = {}
+    final, val = {}, {}
     for arm in ("linear", "nonlinear"):
         for k in (0, 1):
             run = out / "runs" / arm / f"seed{k}"
@@ -83,13 +87,17 @@ def test_report_numbers_recomputed_from_run_dirs(experiment):
             assert evals[-1]["step"] == 6
             summary = json.loads((run / "summary.json").read_text())
             assert summary["val_loss"] == evals[-1]["val_loss"]
-            final[arm, k] = evals[-1]["val_loss"]
+            val[arm, k] = evals[-1]["val_loss"]
+            docs = json.loads((run / "test_docs.json").read_text())
+            final[arm, k] = sum(docs["nats"]) / sum(docs["tokens"])  # reported: test
+    assert rep["split"] == "test"
     rows = {r["arm"]: r for r in rep["arms"]}
     for arm in ("linear", "nonlinear"):
-        est = mean_ci([final[arm, 0], final[arm, 1]])
-        got = rows[arm]["val_loss"]
-        assert got["mean"] == pytest.approx(est.mean, rel=1e-12)
-        assert got["lo"] == pytest.approx(est.lo, rel=1e-12)
+        for key, src in (("loss", final), ("val_loss", val)):
+            est = mean_ci([src[arm, 0], src[arm, 1]])
+            got = rows[arm][key]
+            assert got["mean"] == pytest.approx(est.mean, rel=1e-9)
+            assert got["lo"] == pytest.approx(est.lo, rel=1e-9)
         assert rows[arm]["n_seeds"] == 2
     want = paired({k: final["nonlinear", k] for k in (0, 1)},
                   {k: final["linear", k] for k in (0, 1)})

@@ -27,26 +27,61 @@ FIGURE_KEYS = {"version": str, "arm": str, "val_loss": float, "log_loss_pct": fl
 @dataclass(frozen=True)
 class Claims:
     ordering: tuple[str, ...] = ()
-    """Arms in the expected order of final val log-loss, lowest first."""
+    """Arms in the expected order of final log-loss, lowest first."""
     reference: dict | None = None
     """cite, setting and figures: the published numbers, another scale than ours."""
+    comparisons: tuple[tuple[str, str], ...] = ()
+    """Pre-registered (arm, against) pairs: the only ones given verdicts, Holm-corrected."""
+    positive_control: tuple[str, str] | None = None
+    """(arm, against): the first must beat the second, its 95% interval excluding 0, before
+    any verdict (e.g. more parameters must help where a capacity claim is tested)."""
+
+
+HYPOTHESIS_KEYS = ("ordering", "comparisons", "positive_control")
 
 
 def claims_from_dict(raw: dict, where: str) -> Claims:
     """The [hypothesis] and [reference] tables of an experiment (its other keys are ignored)."""
     hyp = raw.get("hypothesis", {})
-    if not isinstance(hyp, dict) or set(hyp) - {"ordering"}:
-        raise NlqError(f"{where}: [hypothesis] holds one key, ordering = [arm, ...] (lowest "
-                       f"final val log-loss first)")
+    if not isinstance(hyp, dict) or set(hyp) - set(HYPOTHESIS_KEYS):
+        bad = sorted(set(hyp) - set(HYPOTHESIS_KEYS)) if isinstance(hyp, dict) else [hyp]
+        raise NlqError(f"{where}: [hypothesis] holds {', '.join(HYPOTHESIS_KEYS)}; got "
+                       f"{bad[0]!r}")
     order = hyp.get("ordering", [])
-    if not isinstance(order, list) or not all(isinstance(a, str) for a in order) or (
-            order and (len(order) < 2 or len(set(order)) < len(order))):
+    if not _names(order) or (order and (len(order) < 2 or len(set(order)) < len(order))):
         raise NlqError(f"{where}: hypothesis.ordering must list 2 or more distinct arm names, "
                        f"got {order!r}")
+    comps = hyp.get("comparisons", [])
+    if not isinstance(comps, list) or not all(_pair(c) for c in comps):
+        raise NlqError(f"{where}: hypothesis.comparisons must list [arm, against] pairs of "
+                       f"two distinct arm names, got {comps!r}")
+    control = hyp.get("positive_control")
+    if control is not None and not _pair(control):
+        raise NlqError(f"{where}: hypothesis.positive_control must be [arm, against], two "
+                       f"distinct arm names, got {control!r}")
     ref = raw.get("reference")
     if ref is not None:
         _check_reference(ref, where)
-    return Claims(tuple(order), ref)
+    return Claims(tuple(order), ref, tuple(tuple(c) for c in comps),
+                  tuple(control) if control else None)
+
+
+def check_arms(claims: Claims, arms, where: str) -> None:
+    """Every arm a claim names must be one of the experiment's arms."""
+    named = [*claims.ordering, *(a for c in claims.comparisons for a in c),
+             *(claims.positive_control or ())]
+    unknown = [a for a in named if a not in arms]
+    if unknown:
+        raise NlqError(f"{where}: [hypothesis] names arm {unknown[0]!r}, which is not one of "
+                       f"its arms ({', '.join(arms)})")
+
+
+def _names(x) -> bool:
+    return isinstance(x, list) and all(isinstance(a, str) for a in x)
+
+
+def _pair(x) -> bool:
+    return _names(x) and len(x) == 2 and x[0] != x[1]
 
 
 def _check_reference(ref, where: str) -> None:

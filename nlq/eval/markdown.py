@@ -10,7 +10,9 @@ from nlq.eval.summary import fmt_signed
 
 def render_markdown(rep: dict, fig_name: str | None = "fig1.png") -> str:
     L = [f"# {rep['title']}", ""]
-    L += _measured(rep) + _results(rep) + _verdicts(rep)
+    if rep.get("first_line"):
+        L += [f"**{rep['first_line']}**", ""]
+    L += _measured(rep) + _results(rep) + _preregistered(rep) + _verdicts(rep) + _stability(rep)
     if fig_name:
         L += ["## Fig. 1", "", f"![Fig. 1]({fig_name})", "",
               ("Top: validation log-loss against optimizer steps, mean over seeds (band: "
@@ -38,8 +40,9 @@ def _measured(rep: dict) -> list[str]:
     m = rep["measured"]
     mod = m["model"]
     L = ["## What was measured", ""]
-    L.append(f"- Metric: {m['metric']}, on {m['val_sequences']} fixed validation sequences of "
-             f"{m['block_size']} tokens; perplexity = exp(log-loss).")
+    L.append(f"- Metric: {m['metric']}; perplexity = exp(log-loss). Final val log-loss (on "
+             f"{m['val_sequences']} fixed validation sequences of {m['block_size']} tokens) is "
+             f"shown beside it: val chose the lrs, so it is not the reported number.")
     L.append(f"- Model ({'baseline' if base else 'first run'} config): {mod['arch']}, "
              f"{mod['n_layer']} layers, d_model {mod['d_model']}, {mod['n_head']} heads, "
              f"context {mod['block_size']}, vocab {mod['vocab_size']}, {mod['pos_emb']} "
@@ -51,11 +54,13 @@ def _measured(rep: dict) -> list[str]:
             desc = ", ".join(f"{k} {_int(meta[k]) if isinstance(meta[k], int) else meta[k]}"
                              for k in keys if k in meta)
             L.append(f"- Data: `{d}` ({desc or 'meta.json has none of the usual keys'}).")
-            uni = rep["data"].get("unigram_val_loss", {}).get(d)
-            if uni is not None:
-                L.append(f"- Reference: a unigram model (token frequencies of the train split) "
-                         f"scores val log-loss {uni:.4f} on this data; a run that learned "
-                         f"nothing beyond frequencies would sit there.")
+            ref = rep["data"].get("references", {}).get(d)
+            if ref is not None:
+                L.append(f"- References on the {ref['split']} split: a unigram model (token "
+                         f"frequencies of the train split) scores {ref['unigram']:.4f}, a "
+                         f"count-based bigram model (add-k, k = {ref['bigram_k']:g} chosen on "
+                         f"val) {ref['bigram']:.4f}: a run above the bigram has not learned "
+                         f"more than pairs of tokens.")
         else:
             L.append(f"- Data: `{d}` (its meta.json is not readable from here).")
     L.append(f"- Runs: {m['n_finished_runs']} finished, over {m['n_arms']} arm(s); seeds per "
@@ -65,6 +70,14 @@ def _measured(rep: dict) -> list[str]:
         L.append(f"- Tokens per run: {_int(r['tokens_per_run'])} ({_int(r['steps'])} steps x "
                  f"{_int(r['tokens_per_step'])} tokens per step)"
                  + ("" if len(tok) == 1 else f" for arm {r['arm']} and those with the same") + ".")
+    if rep.get("lrs"):
+        lr = rep["lrs"]
+        L.append(f"- Learning rates: chosen per arm on val by `nlq sweep` ({lr['source']}, "
+                 f"commit {(lr.get('commit') or 'unknown')[:10]}"
+                 f"{', dirty' if lr.get('dirty') else ''}): "
+                 + ", ".join(f"{a} {v:.3g}" for a, v in lr["lrs"].items()) + ".")
+    else:
+        L.append("- Learning rates: the experiment's recipe (not tuned by a sweep).")
     if rep["incomplete"]:
         L.append(f"- Runs excluded from every number below (unfinished or without a finite "
                  f"final loss): {len(rep['incomplete'])}, listed at the end.")
@@ -80,8 +93,9 @@ def _results(rep: dict) -> list[str]:
                  f"than {base}). Brackets: 95% intervals over seeds.")
     L.append("")
     head = ["arm", "query", "MLP width", "params total", "params non-embedding",
-            "val log-loss [95% CI]", "perplexity (mean)", "Δ log-loss % [paired CI]",
-            "Δ perplexity % [paired CI]", "seeds", "tokens per run"]
+            f"{rep['split']} log-loss [95% CI]", "perplexity (mean)", "Δ log-loss % [paired CI]",
+            "Δ perplexity % [paired CI]", "final val log-loss", "lr", "seeds (spikes)",
+            "tokens per run"]
     L.append("| " + " | ".join(head) + " |")
     L.append("|" + "---|" * len(head))
     for r in rep["arms"]:
@@ -92,17 +106,70 @@ def _results(rep: dict) -> list[str]:
         cells = [name, r["query"], str(r["mlp_width"]),
                  _params_cell(r, "params_total", is_base),
                  _params_cell(r, "params_non_embedding", is_base),
-                 _loss_cell(r["val_loss"]), f"{r['val_ppl_mean']:.3f}",
+                 _loss_cell(r["loss"]), f"{r['ppl_mean']:.3f}",
                  "baseline" if is_base else (_delta_cell(vs["log_loss_pct"]) if vs else "–"),
                  "baseline" if is_base else (_delta_cell(vs["ppl_pct"]) if vs else "–"),
-                 str(r["n_seeds"]), _int(r["tokens_per_run"])]
+                 f"{r['val_loss']['mean']:.4f}", f"{r['lr']:.3g}",
+                 f"{r['n_seeds']} ({sum(r['n_spikes'])} spikes)" if sum(r["n_spikes"])
+                 else str(r["n_seeds"]), _int(r["tokens_per_run"])]
         L.append("| " + " | ".join(cells) + " |")
     return L + [""]
 
 
+def _preregistered(rep: dict) -> list[str]:
+    comps = rep.get("preregistered") or []
+    if not comps and not rep.get("positive_control"):
+        return []
+    L = ["## Pre-registered comparisons", ""]
+    c = rep.get("positive_control")
+    rows = ([("positive control", c)] if c else []) + [("pre-registered", x) for x in comps]
+    L += [("| comparison | role | seeds | Δ log-loss % | paired 95% CI | half-width | sd of "
+          "paired Δ | bootstrap 95% (seeds x docs) | Holm p | Holm-adjusted CI |"),
+          "|---|---|---|---|---|---|---|---|---|---|"]
+    for role, x in rows:
+        name = f"{x['arm']} vs {x['against']}"
+        if "ci95" not in x:
+            L.append(f"| {name} | {role} | {x['n_seeds']} | – | {x.get('problem', '–')} "
+                     f"| – | – | – | – | – |")
+            continue
+        b = x.get("bootstrap")
+        L.append(f"| {name} | {role} | {x['n_seeds']} | {x['mean_pct']:+.3f} | "
+                 f"[{x['ci95'][0]:+.3f}, {x['ci95'][1]:+.3f}] | {x['half_width_95_pct']:.3f} | "
+                 f"{x['sd_pct']:.3f} | "
+                 + (f"[{b['lo']:+.3f}, {b['hi']:+.3f}]" if b else "–") + " | "
+                 + (f"{x['p_holm']:.3g}" if "p_holm" in x else "–") + " | "
+                 + (f"[{x['ci_holm'][0]:+.3f}, {x['ci_holm'][1]:+.3f}]" if "ci_holm" in x
+                    else "–") + " |")
+    L += ["", ("Δ = 100·(arm − against)/against per seed (negative = arm lower). "
+          "Half-width: of the paired 95% t-interval. The bootstrap resamples seeds, then test "
+          "documents within "
+          "each (the same documents for both arms). Holm corrects the pre-registered "
+          "comparisons for their number."), ""]
+    return L
+
+
+def _stability(rep: dict) -> list[str]:
+    L = ["## Stability", ""]
+    flagged = rep.get("stability") or []
+    if not flagged:
+        return L + [("No loss or grad-norm spike in any run (spike: train loss above 1.5x, or "
+                    "grad norm above 10x, the running median of the previous 50 steps)."), ""]
+    for s in flagged:
+        steps = ", ".join(f"{x['step']} ({x['kind']})" for x in s["spikes"][:10])
+        L.append(f"- {s['arm']} seed {s['seed']}: {s['n_spikes']} spike(s) at step {steps}")
+    return L + [""]
+
+
 def _verdicts(rep: dict) -> list[str]:
+    if not rep.get("verdicts_allowed", True):
+        L = ["## Differences (descriptive only: no verdict, the positive control failed)", ""]
+        L += [f"- {r['descriptive']}." for r in rep["arms"] if "descriptive" in r]
+        return L + [""]
     L = ["## Verdicts", ""]
+    L += [f"- {v}." for v in rep.get("preregistered_verdicts", [])]
     verdicts = [r["verdict"] for r in rep["arms"] if "verdict" in r]
+    if rep.get("preregistered_verdicts") and verdicts:
+        L.append("- Every arm against the baseline (exploratory, not corrected):")
     L += [f"- {v}." for v in verdicts] or ["- A single arm: nothing to compare."]
     if rep["ordering"]:
         L.append(f"- {rep['ordering']['answer']}")

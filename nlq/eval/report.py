@@ -36,6 +36,8 @@ def build_report(runs: Sequence[str | Path] | Sequence[Run], out_dir: str | Path
         claims = find_claims(given, [r.dir for r in runs])
     rep = summarize(runs, baseline=baseline, title=title, claims=claims)
     out = Path(out_dir)
+    lrs = [p / "lrs.json" for p in [out, *given] if (p / "lrs.json").is_file()]
+    rep["lrs"] = json.loads(lrs[0].read_text()) if lrs else None
     out.mkdir(parents=True, exist_ok=True)
     draw_fig1(runs, rep, out / "fig1.png")
     (out / "report.json").write_text(json.dumps(rep, indent=2) + "\n", encoding="utf-8")
@@ -45,7 +47,12 @@ def build_report(runs: Sequence[str | Path] | Sequence[Run], out_dir: str | Path
 
 def summary_lines(rep: dict) -> list[str]:
     """The report's answers, one line each: verdicts, the declared ordering, QK-norm checks."""
-    lines = [f"- {row['verdict']}" for row in rep["arms"] if "verdict" in row]
+    if not rep.get("verdicts_allowed", True):
+        return [rep["first_line"], "Differences (descriptive only, no verdict):"] + [
+            f"- {row['descriptive']}" for row in rep["arms"] if "descriptive" in row]
+    lines = [rep["first_line"]] if rep.get("first_line") else []
+    lines += [f"- {v}" for v in rep.get("preregistered_verdicts", [])]
+    lines += [f"- {row['verdict']}" for row in rep["arms"] if "verdict" in row]
     if rep["ordering"] and rep["ordering"]["testable"]:
         lines.append(f"- {rep['ordering']['answer']}")
     lines += [f"- {s['answer']}" for s in rep["strong_baseline"]]

@@ -34,6 +34,8 @@ class Run:
     problem: str | None = None
     """Why the run is not in the statistics (None for a finished run)."""
     notes: list[str] = field(default_factory=list)
+    loss_key: str = "val_loss"
+    """The summary key the statistics use: test_loss when every run has one (nlq.eval.summary)."""
 
     @property
     def finished(self) -> bool:
@@ -41,7 +43,7 @@ class Run:
 
     @property
     def final_loss(self) -> float:
-        return float(self.summary["val_loss"])
+        return float(self.summary[self.loss_key])
 
     @property
     def tokens_per_step(self) -> int | None:

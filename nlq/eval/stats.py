@@ -91,6 +91,8 @@ class Paired:
     only_arm: list
     """Seeds the arm has and the baseline lacks (not in the comparison)."""
     only_base: list
+    diff: list[float] = ()
+    """Per-seed L_arm - L_base in nats: the perplexity ratio is exp of it."""
 
     @property
     def n(self) -> int:
@@ -100,7 +102,13 @@ class Paired:
         return mean_ci(self.log_loss_pct, level) if self.seeds else None
 
     def ppl(self, level: float = LEVEL) -> Estimate | None:
-        return mean_ci(self.ppl_pct, level) if self.seeds else None
+        """Perplexity change in %, from the interval of the log-loss difference: 100 expm1
+        of its mean and of its ends, so never below -100%."""
+        if not self.seeds:
+            return None
+        e = mean_ci(self.diff, level)
+        f = (lambda x: None if x is None else 100.0 * math.expm1(x))
+        return Estimate(f(e.mean), f(e.lo), f(e.hi), e.n, None, level)
 
     def to_dict(self, level: float = LEVEL) -> dict:
         ll, pp = self.log_loss(level), self.ppl(level)
@@ -124,6 +132,7 @@ def paired(arm: Mapping, base: Mapping) -> Paired:
         ppl_pct=[ppl_change_pct(arm[s], base[s]) for s in common],
         only_arm=sorted(set(arm) - set(base), key=_seed_key),
         only_base=sorted(set(base) - set(arm), key=_seed_key),
+        diff=[arm[s] - base[s] for s in common],
     )
 
 

@@ -15,11 +15,12 @@ from collections.abc import Sequence
 from itertools import pairwise
 from pathlib import Path
 
-import numpy as np
-
 from nlq.config import flatten
 from nlq.errors import NlqError
 from nlq.eval.claims import Claims
+from nlq.eval.compare import compare, control_line, holm, passed
+from nlq.eval.compare import verdict as prereg_verdict
+from nlq.eval.references import references
 from nlq.eval.runs import Run, read_json
 from nlq.eval.stats import LEVEL, Estimate, Paired, mean_ci, paired
 
@@ -48,7 +49,8 @@ def _pct_vs(n: int | None, base: int | None) -> float | None:
 def _arm_stats(name: str, runs: list[Run], base_runs: list[Run] | None, base_row: dict | None,
                baseline: str) -> dict:
     cfg = runs[0].cfg
-    losses = [r.final_loss for r in runs]
+    losses = [r.final_loss for r in runs]  # test where every run has it, else val
+    vals = [float(r.summary["val_loss"]) for r in runs]
     ppls = [math.exp(x) for x in losses]
     params_total = sorted({r.summary.get("params_total") for r in runs}, key=str)
     params_ne = sorted({r.summary.get("params_non_embedding") for r in runs}, key=str)
@@ -72,10 +74,15 @@ def _arm_stats(name: str, runs: list[Run], base_runs: list[Run] | None, base_row
         "steps": steps[0] if len(steps) == 1 else steps,
         "tokens_per_step": runs[0].tokens_per_step,
         "tokens_per_run": tokens[0] if len(tokens) == 1 else tokens,
-        "val_loss": mean_ci(losses).to_dict(),
-        "val_ppl_mean": sum(ppls) / len(ppls),
-        "per_seed": [{"seed": r.seed, "run_dir": str(r.dir), "val_loss": r.final_loss,
-                      "val_ppl": math.exp(r.final_loss), "tokens": r.tokens} for r in runs],
+        "loss": mean_ci(losses).to_dict(),
+        "ppl_mean": sum(ppls) / len(ppls),
+        "val_loss": mean_ci(vals).to_dict(),
+        "val_ppl_mean": sum(math.exp(x) for x in vals) / len(vals),
+        "n_spikes": [int(r.summary.get("n_spikes", 0)) for r in runs],
+        "per_seed": [{"seed": r.seed, "run_dir": str(r.dir), "loss": r.final_loss,
+                      "val_loss": float(r.summary["val_loss"]),
+                      "ppl": math.exp(r.final_loss), "tokens": r.tokens,
+                      "spikes": r.summary.get("spikes", [])} for r in runs],
         "config_differs_in": _config_diffs(runs),
     }
     if base_row is not None:
@@ -113,10 +120,10 @@ def _verdict_body(base: str, pair: Paired) -> str:
     e = pair.log_loss()
     side = "below" if e.mean < 0 else "above"
     if pair.n == 1:
-        return (f"1 seed: no interval, a single observation (val log-loss "
+        return (f"1 seed: no interval, a single observation (log-loss "
                 f"{fmt_pct(e.mean)}% {side} {base})")
     if e.excludes_zero:
-        return (f"val log-loss {fmt_pct(e.mean)}% {side} {base} (paired 95% CI "
+        return (f"log-loss {fmt_pct(e.mean)}% {side} {base} (paired 95% CI "
                 f"{ci_text(e)}, {pair.n} seeds)")
     return (f"not distinguishable from {base} at this scale with {pair.n} seeds "
             f"(mean {fmt_signed(e.mean)}%, paired 95% CI {ci_text(e)} spans 0)")
@@ -126,7 +133,7 @@ NUMBER_WORDS = {2: "two", 3: "three", 4: "four", 5: "five", 6: "six"}
 
 
 def ordering(rows: dict[str, dict], by_arm: dict[str, list[Run]], claims: Claims) -> dict | None:
-    """The declared ordering (claims.ordering, lowest final val log-loss first), checked in
+    """The declared ordering (claims.ordering, lowest final log-loss first), checked in
     the means and by the paired interval between each two neighbours; None if none declared."""
     order = list(claims.ordering)
     if not order:
@@ -138,13 +145,13 @@ def ordering(rows: dict[str, dict], by_arm: dict[str, list[Run]], claims: Claims
         return {"testable": False, "arms": order,
                 "answer": f"{who} {chain} cannot be checked here: no {' and no '.join(missing)} "
                           f"arm among the finished runs."}
-    means = {a: rows[a]["val_loss"]["mean"] for a in order}
+    means = {a: rows[a]["loss"]["mean"] for a in order}
     holds = all(means[x] < means[y] for x, y in pairwise(order))
     pairs = {f"{x} vs {y}": paired(final(by_arm[x]), final(by_arm[y]))
              for x, y in pairwise(order)}
     ests = {k: p.log_loss() for k, p in pairs.items()}
     order_txt = " < ".join(f"{a} {means[a]:.4f}" for a in sorted(means, key=means.get))
-    ans = (f"{who} {chain} (mean final val log-loss) {'holds' if holds else 'does not hold'} "
+    ans = (f"{who} {chain} (mean final log-loss) {'holds' if holds else 'does not hold'} "
            f"here: {order_txt}. ")
     if any(e is None for e in ests.values()):
         ans += "Some arms share no seed, so no paired interval between them."
@@ -189,28 +196,22 @@ def strong_baseline(rows: dict[str, dict], by_arm: dict[str, list[Run]]) -> list
     return out
 
 
-def unigram_val_loss(data_dir: str | Path) -> float | None:
-    """Val log-loss of a unigram model fitted on the train split (add-one smoothed): what a
-    model that learned only token frequencies would score. None if the shards are unreadable."""
+def _data_info(runs: list[Run], split: str) -> dict:
+    """meta.json of each data dir, and the unigram and bigram references on the report's
+    split (nlq/eval/references.py)."""
     from nlq.data.schedule import TokenData
 
-    try:
-        data = TokenData.open(data_dir)
-    except NlqError:
-        return None
-    counts = np.bincount(data.train, minlength=data.vocab_size).astype(np.float64) + 1.0
-    logp = np.log(counts / counts.sum())
-    val_counts = np.bincount(data.val, minlength=data.vocab_size)[: len(logp)]
-    return float(-(val_counts * logp[: len(val_counts)]).sum() / max(1, val_counts.sum()))
-
-
-def _data_info(runs: list[Run]) -> dict:
     dirs = sorted({r.cfg.data.dir for r in runs})
-    info = {"dirs": dirs, "meta": {}, "unigram_val_loss": {}}
+    info = {"dirs": dirs, "meta": {}, "references": {}}
     for d in dirs:
         meta = read_json(Path(d) / "meta.json")
         info["meta"][d] = meta if isinstance(meta, dict) else None
-        info["unigram_val_loss"][d] = unigram_val_loss(d) if meta else None
+        try:
+            data = TokenData.open(d)
+        except NlqError:
+            info["references"][d] = None
+            continue
+        info["references"][d] = references(data, split if data.test is not None else "val")
     return info
 
 
@@ -220,6 +221,10 @@ def summarize(runs: list[Run], baseline: str = "linear", title: str = "nlq repor
     (its ordering is checked, its reference figures are carried along)."""
     claims = claims or Claims()
     done = [r for r in runs if r.finished]
+    # reported numbers come from the test split; val only when some run has no test loss
+    split = "test" if done and all(_finite(r.summary.get("test_loss")) for r in done) else "val"
+    for r in done:
+        r.loss_key = f"{split}_loss"
     if not done:
         where = ", ".join(str(r.dir) for r in runs[:3]) + (" ..." if len(runs) > 3 else "")
         raise NlqError(f"no finished run among {len(runs)} run(s) ({where}): every run lacks a "
@@ -255,17 +260,38 @@ def summarize(runs: list[Run], baseline: str = "linear", title: str = "nlq repor
     token_sets = {json.dumps(r["tokens_per_run"]) for r in rows.values()}
     if len(token_sets) > 1:
         notes.append("arms were trained for different numbers of tokens")
-    data = _data_info(done)
+    data = _data_info(done, split)
     if len(data["dirs"]) > 1:
         notes.append(f"runs used different data dirs: {', '.join(data['dirs'])}")
     b = by_arm[baseline][0].cfg if have_base else done[0].cfg
+    test = done[0].summary if split == "test" else {}
+    control, comps = None, []
+    if claims.positive_control:
+        control = compare(*claims.positive_control, by_arm, split == "test")
+    for a, against in claims.comparisons:
+        comps.append(compare(a, against, by_arm, split == "test"))
+    holm(comps)
+    allowed = control is None or passed(control)
+    if not allowed:  # no verdict anywhere: the numbers stay, as descriptions
+        for row in rows.values():
+            if "verdict" in row:
+                row["descriptive"] = row.pop("verdict")
+    order = ordering(rows, by_arm, claims)
+    if order is not None and not allowed:
+        order = {"testable": False, "arms": order["arms"],
+                 "answer": "The ordering is not checked: the positive control failed."}
     return {
         "title": title,
         "baseline": baseline if have_base else None,
         "level": LEVEL,
+        "split": split,
+        "first_line": control_line(control) if control is not None else None,
+        "verdicts_allowed": allowed,
+        "positive_control": control,
+        "preregistered": comps,
+        "preregistered_verdicts": [prereg_verdict(c) for c in comps] if allowed else [],
         "measured": {
-            "metric": "final validation log-loss (mean cross-entropy, nats per token) of each "
-                      "run at its last step",
+            "metric": _metric_text(split, test),
             "val_sequences": b.train.eval_batches * b.train.micro_batch,
             "block_size": b.model.block_size,
             "model": {k: getattr(b.model, k) for k in ("arch", "n_layer", "n_head", "d_model",
@@ -275,7 +301,11 @@ def summarize(runs: list[Run], baseline: str = "linear", title: str = "nlq repor
         },
         "data": data,
         "arms": list(rows.values()),
-        "ordering": ordering(rows, by_arm, claims),
+        "stability": [{"arm": r.arm, "seed": r.seed, "run_dir": str(r.dir),
+                       "n_spikes": int(r.summary.get("n_spikes", 0)),
+                       "spikes": r.summary.get("spikes", [])}
+                      for r in done if r.summary.get("n_spikes")],
+        "ordering": order,
         "strong_baseline": strong_baseline(rows, by_arm),
         "incomplete": [{"run_dir": str(r.dir), "arm": r.arm, "seed": r.seed,
                         "last_eval_step": r.last_step, "reason": r.problem}
@@ -283,3 +313,17 @@ def summarize(runs: list[Run], baseline: str = "linear", title: str = "nlq repor
         "paper": claims.reference,
         "notes": notes,
     }
+
+
+def _finite(x) -> bool:
+    return isinstance(x, (int, float)) and math.isfinite(x)
+
+
+def _metric_text(split: str, test: dict) -> str:
+    if split == "test":
+        return (f"log-loss (mean cross-entropy, nats per token) of each run at its last step, "
+                f"on the whole test split ({test.get('test_docs')} documents, "
+                f"{test.get('test_tokens'):,} tokens)")
+    return ("final validation log-loss (mean cross-entropy, nats per token) of each run at its "
+            "last step: these runs have no test split, so the reported numbers come from the "
+            "split any tuning looked at")

@@ -126,7 +126,8 @@ def add_sweep_arguments(p) -> None:
     p.add_argument("--arms", default=None, metavar="A,B,...",
                    help="sweep only these arms (the baseline is always added)")
     p.add_argument("--lrs", required=True, metavar="LR,LR,...",
-                   help="the lr grid: at least 3 values rising in x2 steps, e.g. 6e-3,1.2e-2,2.4e-2")
+                   help="the lr grid: at least 3 values rising in x2 steps, e.g. "
+                        "6e-3,1.2e-2,2.4e-2")
     p.add_argument("--seeds", type=int, default=2, help="seeds per arm and lr (>= 2; default 2)")
     p.add_argument("--out", default=None, metavar="DIR",
                    help="output dir (default: out/sweep-<experiment>-<preset>)")

@@ -23,7 +23,7 @@ import tomli_w
 
 from nlq.config import Config, apply_overrides, flatten, from_dict, load_config, read_toml
 from nlq.errors import NlqError
-from nlq.eval.claims import Claims, claims_from_dict
+from nlq.eval.claims import Claims, check_arms, claims_from_dict
 from nlq.experiments.arms import named_arms, recipe, resolve_arm
 
 EXPERIMENT_DIR = Path(__file__).parent
@@ -83,8 +83,10 @@ def load_experiment(name_or_file: str | Path) -> Experiment:
     base = raw.get("base", {})
     if not isinstance(base, dict):
         raise NlqError(f"{path}: 'base' must be a table of config overrides")
+    claims = claims_from_dict(raw, str(path))
+    check_arms(claims, arms, str(path))
     return Experiment(raw.get("name", path.stem), raw.get("description", ""), baseline,
-                      flatten(base), arms, claims_from_dict(raw, str(path)))
+                      flatten(base), arms, claims)
 
 
 def _arms(raw: Any, path: Path) -> dict[str, dict[str, Any]]:
@@ -116,8 +118,12 @@ def experiment_toml(exp: Experiment) -> str:
     doc: dict[str, Any] = {"name": exp.name, "description": exp.description,
                            "baseline": exp.baseline, "base": _nest(exp.base),
                            "arms": {a: _nest(r) for a, r in exp.arms.items()}}
-    if exp.claims.ordering:
-        doc["hypothesis"] = {"ordering": list(exp.claims.ordering)}
+    c = exp.claims
+    hyp = {"ordering": list(c.ordering), "comparisons": [list(x) for x in c.comparisons],
+           "positive_control": list(c.positive_control or ())}
+    hyp = {k: v for k, v in hyp.items() if v}
+    if hyp:
+        doc["hypothesis"] = hyp
     if exp.claims.reference:
         doc["reference"] = exp.claims.reference
     return tomli_w.dumps(doc)

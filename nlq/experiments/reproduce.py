@@ -223,18 +223,39 @@ def run_all(specs: list[RunSpec], exp: Experiment, jobs: int, out: Path) -> list
     return failed
 
 
+def read_sweep_lrs(path: Path, preset: str, sets: dict | None, arms: list[str]) -> dict:
+    """Each arm's chosen lr from a sweep.json, checked against this reproduce's setting."""
+    try:
+        result = json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise NlqError(f"--lrs-from {path}: cannot read a sweep.json: {e}") from None
+    if not isinstance(result, dict) or "chosen" not in result:
+        raise NlqError(f"--lrs-from {path}: not a sweep.json written by `nlq sweep`")
+    if result.get("preset") != preset:
+        raise NlqError(f"--lrs-from {path}: the sweep ran on preset {result.get('preset')!r}, "
+                       f"this command on {preset!r}")
+    mine = {k: (sets or {})[k] for k in sorted(sets or {})}
+    if result.get("sets", {}) != mine:
+        raise NlqError(f"--lrs-from {path}: the sweep ran with --set {result.get('sets')}, "
+                       f"this command with {mine}: its lrs were chosen for another setting")
+    missing = [a for a in arms if a not in result["chosen"]]
+    if missing:
+        raise NlqError(f"--lrs-from {path}: arm {missing[0]!r} was not swept (the sweep has "
+                       f"{', '.join(result['chosen'])})")
+    return {"source": str(path), "commit": result.get("commit"), "dirty": result.get("dirty"),
+            "lrs": {a: result["chosen"][a]["lr"] for a in arms}}
+
+
 def reproduce(experiment: str, preset: str, seeds: int, arm_names: list[str] | None,
               out: Path, jobs: int, force: bool, sets: dict | None = None,
               lrs_from: Path | None = None) -> int:
     import torch
 
-    from nlq.experiments.sweep import lrs_from as read_lrs
-
     exp = load_experiment(experiment)
     specs = plan(exp, preset, seeds, arm_names, out, sets)
     lrs = None
     if lrs_from is not None:  # each arm at the lr its sweep chose on val
-        lrs = read_lrs(lrs_from, preset, sets, sorted({s.arm for s in specs}))
+        lrs = read_sweep_lrs(lrs_from, preset, sets, sorted({s.arm for s in specs}))
         specs = [dataclasses.replace(s, cfg=s.cfg.replace(**{
             "train.lr": lrs["lrs"][s.arm],
             "train.min_lr": lrs["lrs"][s.arm] * s.cfg.train.min_lr / s.cfg.train.lr}))

@@ -105,14 +105,15 @@ def sweep(experiment: str, preset: str, arms: list[str] | None, lrs: list[float]
     out.mkdir(parents=True, exist_ok=True)
     plan_path = out / PLAN_FILE
     if plan_path.is_file():
+        # another grid is allowed (widening it reuses every finished lr); anything else would
+        # mix runs of two settings under one choice
         before = json.loads(plan_path.read_text())
-        if before != meta:
-            diff = [k for k in meta if before.get(k) != meta[k]]
+        diff = [k for k in meta if k != "grid" and before.get(k) != meta[k]]
+        if diff:
             raise NlqError(f"{out} holds a sweep with another plan ({', '.join(diff)}: "
                            f"{before.get(diff[0])!r}, now {meta[diff[0]]!r}): use another --out "
                            f"(its runs are kept)")
-    else:
-        write_atomic(plan_path, json.dumps(meta, indent=2))
+    write_atomic(plan_path, json.dumps(meta, indent=2))
     (out / "configs").mkdir(exist_ok=True)
     for s in specs:
         (out / "configs" / s.config_name).write_text(s.cfg.to_toml())
@@ -144,26 +145,3 @@ def print_sweep(result: dict, out: Path) -> None:
               f" | {c['lr']:.3g}{flag} |")
     print(f"wrote {out / RESULT_FILE}, {out / FIGURE_FILE}; use them with "
           f"`nlq reproduce --lrs-from {out / RESULT_FILE}`")
-
-
-def lrs_from(path: Path, preset: str, sets: dict | None, arms: list[str]) -> dict:
-    """Each arm's chosen lr from a sweep.json, checked against this reproduce's setting."""
-    try:
-        result = json.loads(Path(path).read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise NlqError(f"--lrs-from {path}: cannot read a sweep.json: {e}") from None
-    if not isinstance(result, dict) or "chosen" not in result:
-        raise NlqError(f"--lrs-from {path}: not a sweep.json written by `nlq sweep`")
-    if result.get("preset") != preset:
-        raise NlqError(f"--lrs-from {path}: the sweep ran on preset {result.get('preset')!r}, "
-                       f"this command on {preset!r}")
-    mine = {k: (sets or {})[k] for k in sorted(sets or {})}
-    if result.get("sets", {}) != mine:
-        raise NlqError(f"--lrs-from {path}: the sweep ran with --set {result.get('sets')}, "
-                       f"this command with {mine}: its lrs were chosen for another setting")
-    missing = [a for a in arms if a not in result["chosen"]]
-    if missing:
-        raise NlqError(f"--lrs-from {path}: arm {missing[0]!r} was not swept (the sweep has "
-                       f"{', '.join(result['chosen'])})")
-    return {"source": str(path), "commit": result.get("commit"), "dirty": result.get("dirty"),
-            "lrs": {a: result["chosen"][a]["lr"] for a in arms}}

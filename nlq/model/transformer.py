@@ -131,7 +131,9 @@ class Transformer(nn.Module):
         from torch's global generator, so torch.manual_seed still decides the init."""
         super().__init__()
         self.cfg = cfg
-        self.seed = int(torch.randint(0, 2**31 - 1, (), device="cpu")) if seed is None else int(seed)
+        if seed is None:
+            seed = int(torch.randint(0, 2**31 - 1, (), device="cpu"))
+        self.seed = int(seed)
         self.wte = nn.Embedding(cfg.vocab_size, cfg.d_model)
         self.wpe = nn.Embedding(cfg.block_size, cfg.d_model) if cfg.pos_emb == "learned" else None
         self.drop = nn.Dropout(cfg.dropout)

@@ -1,0 +1,139 @@
+"""The comparison a report can trust: Holm's correction, the two-level bootstrap, the
+positive-control gate (no verdict when more parameters do not help), the bigram reference,
+and numbers from the test split."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+
+import numpy as np
+import pytest
+from test_eval_report import declare_paper, make_run
+
+from nlq.eval.bootstrap import paired_bootstrap
+from nlq.eval.compare import holm
+from nlq.eval.references import Bigram
+from nlq.eval.report import build_report, summary_lines
+from nlq.eval.stats import mean_ci
+
+
+def add_test(d, doc_nats: list[float], doc_tokens: list[int], spikes=()):
+    """Give a fake run a test split: test_docs.json and the summary's test_* keys."""
+    s = json.loads((d / "summary.json").read_text())
+    loss = sum(doc_nats) / sum(doc_tokens)
+    s |= {"test_loss": loss, "test_ppl": math.exp(loss), "test_tokens": sum(doc_tokens),
+          "test_docs": len(doc_nats), "spikes": list(spikes), "n_spikes": len(spikes)}
+    (d / "summary.json").write_text(json.dumps(s))
+    (d / "test_docs.json").write_text(json.dumps(
+        {"doc": list(range(len(doc_nats))), "nats": doc_nats, "tokens": doc_tokens}))
+
+
+def experiment(tmp_path, gain_wide: float, gain_nl: float, seeds: int = 4, control=True):
+    """linear, linear+12.5% and nonlinear runs whose test loss per document is the linear
+    one times (1 + gain) plus a little per-seed noise."""
+    rng = np.random.default_rng(0)
+    tokens = [int(t) for t in rng.integers(200, 400, size=30)]
+    for k in range(seeds):
+        base = rng.uniform(3.0, 4.0, size=30) * np.array(tokens)
+        for arm, gain in (("linear", 0.0), ("linear+12.5%", gain_wide), ("nonlinear", gain_nl)):
+            nats = base * (1 + gain + rng.normal(0, 0.001))
+            d = make_run(tmp_path / "exp", arm, k, [9.0, 6.0, 5.0, 4.5],
+                         {"model.query": "nonlinear"} if arm == "nonlinear" else None)
+            add_test(d, nats.tolist(), tokens,
+                     spikes=[{"step": 7, "kind": "loss", "value": 9.0, "ref": 5.0}]
+                     if (arm, k) == ("nonlinear", 1) else ())
+    return declare_paper(tmp_path / "exp", control=control)
+
+
+def test_holm_matches_a_hand_computation():
+    comps = [{"p": 0.01, "per_seed_pct": [1.0, 2.0, 3.0]},
+             {"p": 0.04, "per_seed_pct": [1.0, 1.5, 2.0]},
+             {"p": 0.03, "per_seed_pct": [0.5, 1.0, 2.0]}]
+    holm(comps)
+    # sorted 0.01, 0.03, 0.04 -> 3 x 0.01, max(0.03, 2 x 0.03), max(0.06, 1 x 0.04)
+    assert [c["p_holm"] for c in comps] == pytest.approx([0.03, 0.06, 0.06])
+    assert [c["holm_level"] for c in comps] == pytest.approx([1 - 0.05 / 3, 1 - 0.05, 1 - 0.05 / 2])
+    e = mean_ci([1.0, 2.0, 3.0], 1 - 0.05 / 3)
+    assert comps[0]["ci_holm"] == pytest.approx([e.lo, e.hi])
+
+
+def test_bootstrap_is_centred_on_identical_arms_and_narrows_with_documents():
+    rng = np.random.default_rng(1)
+    widths = []
+    for D in (20, 320):
+        tok = rng.integers(100, 300, size=(6, D)).astype(float)
+        nats = rng.uniform(3, 4, size=(6, D)) * tok
+        same = paired_bootstrap(nats, nats, tok)
+        assert same["mean"] == 0 and same["lo"] == same["hi"] == 0
+        noisy = nats * (1 + rng.normal(0, 0.02, size=(6, D)))
+        b = paired_bootstrap(noisy, nats, tok)
+        assert b["lo"] < b["mean"] < b["hi"]
+        widths.append(b["hi"] - b["lo"])
+    assert widths[1] < widths[0] / 2  # 16x the documents: about 4x narrower
+
+
+def test_control_failing_gives_no_verdict_anywhere(tmp_path):
+    exp = experiment(tmp_path, gain_wide=0.0, gain_nl=-0.02)
+    rep = build_report([exp], tmp_path / "out")
+    md = (tmp_path / "out" / "report.md").read_text()
+    assert rep["split"] == "test"
+    assert rep["first_line"].startswith("This setting cannot test the claim: more parameters "
+                                        "(linear+12.5%) do not reliably beat linear here")
+    assert md.splitlines()[2] == f"**{rep['first_line']}**"  # right under the title
+    text = md + "\n".join(summary_lines(rep))
+    for claim in ("beats", "is worse than", "no detectable difference", "holds here",
+                  "## Verdicts"):
+        assert claim not in text.replace("Positive control passed", ""), claim
+    assert summary_lines(rep)[0] == rep["first_line"]
+    assert rep["preregistered_verdicts"] == []
+    # the numbers stay, as descriptions
+    assert any("descriptive" in r for r in rep["arms"])
+
+
+def test_control_passing_gives_holm_verdicts_with_bootstrap(tmp_path):
+    exp = experiment(tmp_path, gain_wide=-0.01, gain_nl=-0.02)
+    rep = build_report([exp], tmp_path / "out")
+    assert rep["first_line"].startswith("Positive control passed: linear+12.5% beats linear")
+    nl_vs_lin, nl_vs_wide = rep["preregistered"]
+    for c, want in ((nl_vs_lin, -2.0), (nl_vs_wide, 100 * (0.98 / 0.99 - 1))):
+        assert c["mean_pct"] == pytest.approx(want, abs=0.2)
+        assert c["bootstrap"]["lo"] < c["mean_pct"] < c["bootstrap"]["hi"] < 0
+        assert c["half_width_95_pct"] == pytest.approx((c["ci95"][1] - c["ci95"][0]) / 2)
+        assert c["sd_pct"] == pytest.approx(np.std(c["per_seed_pct"], ddof=1))
+    v = rep["preregistered_verdicts"]
+    assert v[0].startswith(f"nonlinear beats linear: {nl_vs_lin['mean_pct']:+.2f}% log-loss, "
+                           f"Holm-adjusted")
+    assert v[1].startswith("nonlinear beats linear+12.5%")
+    md = (tmp_path / "out" / "report.md").read_text()
+    assert "## Verdicts" in md and "nonlinear seed 1: 1 spike(s) at step 7 (loss)" in md
+
+
+def test_no_difference_is_said_as_such(tmp_path):
+    exp = experiment(tmp_path, gain_wide=-0.01, gain_nl=0.0)
+    rep = build_report([exp], tmp_path / "out")
+    assert rep["preregistered_verdicts"][0].startswith(
+        "no detectable difference between nonlinear and linear") or \
+        rep["preregistered_verdicts"][0].startswith("nonlinear is worse")
+
+
+def test_one_seed_cannot_pass_the_control(tmp_path):
+    exp = experiment(tmp_path, gain_wide=-0.05, gain_nl=-0.05, seeds=1)
+    rep = build_report([exp], tmp_path / "out")
+    assert rep["first_line"] == ("This setting cannot test the claim: the positive control "
+                                 "(linear+12.5% vs linear) could not be evaluated (1 paired "
+                                 "seed(s): an interval needs at least 2).")
+
+
+def test_bigram_reference_equals_a_brute_force_count():
+    rng = np.random.default_rng(3)
+    V = 7
+    train, split = rng.integers(0, V, 500), rng.integers(0, V, 80)
+    k = 0.3
+    pair = np.zeros((V, V))
+    for a, b in itertools.pairwise(train):
+        pair[a, b] += 1
+    want = -np.mean([np.log((pair[a, b] + k) / (pair[a].sum() + k * V))
+                     for a, b in itertools.pairwise(split)])
+    assert Bigram(train, V).loss(split, k) == pytest.approx(want, rel=1e-12)

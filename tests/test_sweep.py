@@ -1,0 +1,113 @@
+"""`nlq sweep` and `nlq reproduce --lrs-from`: a grid that tunes every arm alike, chosen on
+val, and clear errors for a bad grid or a changed plan."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from helpers import assert_user_error, make_data, nlq, ok
+from test_reproduce import EXPERIMENT, SETS
+
+from nlq.errors import NlqError
+from nlq.experiments.reproduce import read_sweep_lrs
+from nlq.experiments.sweep import check_grid
+
+
+@pytest.mark.parametrize("grid, match", [
+    ([1e-3, 2e-3, -4e-3], "-0.004 is not a positive finite"),
+    ([1e-3, 2e-3, float("nan")], "nan is not a positive finite"),
+    ([0.0, 2e-3, 4e-3], "0.0 is not a positive finite"),
+    ([1e-3, 2e-3], "at least 3 values"),
+    ([1e-3, 2e-3, 5e-3], "x2 steps: 0.005 after 0.002"),
+    ([4e-3, 2e-3, 1e-3], "x2 steps"),
+])
+def test_bad_grids_are_named(grid, match):
+    with pytest.raises(NlqError, match=match):
+        check_grid(grid)
+
+
+def test_grid_of_x2_steps_is_accepted():
+    assert check_grid([6e-3, 1.2e-2, 2.4e-2]) == [6e-3, 1.2e-2, 2.4e-2]
+
+
+def sweep(tmp_path, out, lrs="2e-3,4e-3,8e-3", seeds="2"):
+    data = tmp_path / "data"
+    if not (data / "meta.json").is_file():
+        make_data(data)
+    exp = tmp_path / "mini.toml"
+    exp.write_text(EXPERIMENT)
+    sets = [a for s in SETS + [f'data.dir="{data}"'] for a in ("--set", s)]
+    return nlq("sweep", "--experiment", exp, "--preset", "tiny", "--arms", "linear",
+               "--lrs", lrs, "--seeds", seeds, "--out", out, "--jobs", "2", *sets,
+               timeout=600), sets
+
+
+def test_sweep_chooses_on_val_and_reproduce_uses_it(tmp_path):
+    out = tmp_path / "sw"
+    p, sets = sweep(tmp_path, out)
+    ok(p)
+    result = json.loads((out / "sweep.json").read_text())
+    assert result["grid"] == [2e-3, 4e-3, 8e-3] and result["seeds"] == 2
+    assert (out / "sweep.png").stat().st_size > 0
+    by_lr = result["results"]["linear"]
+    for lr, vals in by_lr.items():  # every value is a run's final val loss
+        runs = sorted((out / "runs" / f"lr{float(lr):.4g}" / "linear").glob("seed*"))
+        assert vals == [json.loads((r / "summary.json").read_text())["val_loss"] for r in runs]
+        assert all("test_loss" not in json.loads((r / "summary.json").read_text())
+                   for r in runs)  # the test split is not even computed while choosing
+    means = {float(lr): sum(v) / len(v) for lr, v in by_lr.items()}
+    assert result["chosen"]["linear"]["lr"] == min(means, key=means.get)
+    assert "chosen" in p.stdout and "| linear |" in p.stdout
+
+    # other seeds in the same folder: refused, nothing lost
+    before = (out / "sweep.json").read_text()
+    p2, _ = sweep(tmp_path, out, seeds="3")
+    assert_user_error(p2, "another plan", "seeds")
+    assert (out / "sweep.json").read_text() == before
+    # a widened grid reuses every finished lr and trains only the new one
+    done = {r: r.stat().st_mtime_ns for r in (out / "runs").rglob("summary.json")}
+    p2, _ = sweep(tmp_path, out, lrs="2e-3,4e-3,8e-3,1.6e-2")
+    ok(p2)
+    assert all(r.stat().st_mtime_ns == t for r, t in done.items())
+    wide = json.loads((out / "sweep.json").read_text())
+    assert wide["grid"] == [2e-3, 4e-3, 8e-3, 1.6e-2] and len(wide["results"]["linear"]) == 4
+    assert {k: wide["results"]["linear"][k] for k in by_lr} == by_lr
+    result = wide
+
+    # reproduce at the chosen lr, with its provenance
+    exp = tmp_path / "mini.toml"
+    rep = tmp_path / "rep"
+    ok(nlq("reproduce", "--experiment", exp, "--preset", "tiny", "--arms", "linear",
+           "--seeds", "2", "--out", rep, "--jobs", "2", "--lrs-from", out / "sweep.json",
+           *sets, timeout=600))
+    lr = result["chosen"]["linear"]["lr"]
+    lrs = json.loads((rep / "lrs.json").read_text())
+    assert lrs["lrs"] == {"linear": lr} and lrs["commit"] == result["commit"]
+    cfg = (rep / "runs" / "linear" / "seed0" / "config.toml").read_text()
+    assert f"lr = {lr!r}" in cfg
+    assert "Learning rates: chosen per arm on val by `nlq sweep`" in (rep / "report.md").read_text()
+    # the same folder without --lrs-from plans other lrs: refused
+    p3 = nlq("reproduce", "--experiment", exp, "--preset", "tiny", "--arms", "linear",
+             "--seeds", "2", "--out", rep, "--jobs", "2", *sets, timeout=600)
+    assert_user_error(p3, "another config", "train.lr")
+
+
+def test_lrs_from_checks_preset_sets_and_arms(tmp_path):
+    f = tmp_path / "sweep.json"
+    f.write_text(json.dumps({"preset": "small", "sets": {}, "commit": "abc",
+                             "chosen": {"linear": {"lr": 0.01, "val_loss": 3.0}}}))
+    assert read_sweep_lrs(f, "small", {}, ["linear"])["lrs"] == {"linear": 0.01}
+    with pytest.raises(NlqError, match="preset 'small', this command on 'tiny'"):
+        read_sweep_lrs(f, "tiny", {}, ["linear"])
+    with pytest.raises(NlqError, match="arm 'nonlinear' was not swept"):
+        read_sweep_lrs(f, "small", {}, ["linear", "nonlinear"])
+    with pytest.raises(NlqError, match="another setting"):
+        read_sweep_lrs(f, "small", {"train.max_steps": 5}, ["linear"])
+    with pytest.raises(NlqError, match="cannot read"):
+        read_sweep_lrs(tmp_path / "missing.json", "small", {}, ["linear"])
+
+
+def test_sweep_needs_two_seeds(tmp_path):
+    p, _ = sweep(tmp_path, tmp_path / "s1", seeds="1")
+    assert_user_error(p, "--seeds must be >= 2")
