@@ -108,6 +108,7 @@ def test_control_passing_gives_holm_verdicts_with_bootstrap(tmp_path):
     assert v[1].startswith("nonlinear beats linear+12.5%")
     md = (tmp_path / "out" / "report.md").read_text()
     assert "## Verdicts" in md and "nonlinear seed 1: 1 spike(s) at step 7 (loss)" in md
+    assert "1 spike(s) in 1 run(s): 1 of train loss, 0 of grad norm; 0 inside" in md
 
 
 def test_no_difference_is_said_as_such(tmp_path):
@@ -137,3 +138,19 @@ def test_bigram_reference_equals_a_brute_force_count():
     want = -np.mean([np.log((pair[a, b] + k) / (pair[a].sum() + k * V))
                      for a, b in itertools.pairwise(split)])
     assert Bigram(train, V).loss(split, k) == pytest.approx(want, rel=1e-12)
+
+
+@pytest.mark.parametrize("gain_wide, gain_nl, status, phrase", [
+    (-0.01, -0.02, "holds", "holds here: the intervals separate the three arms"),
+    (-0.02, -0.01, "contradicted", ("does not hold here: the interval of nonlinear vs "
+                                    "linear+12.5% lies above 0")),
+    (-0.01, -0.01, "unresolved", "is neither confirmed nor contradicted here"),
+])
+def test_ordering_is_judged_by_intervals_not_by_means(tmp_path, gain_wide, gain_nl, status,
+                                                      phrase):
+    """Equal gains rank the means somehow; only separated intervals say holds / does not."""
+    rep = build_report([experiment(tmp_path, gain_wide, gain_nl)], tmp_path / "out")
+    o = rep["ordering"]
+    assert o["status"] == status and phrase in o["answer"], o["answer"]
+    if status == "unresolved":
+        assert "does not hold" not in o["answer"] and "holds here" not in o["answer"]

@@ -78,6 +78,7 @@ def test_nlq_params_text_table_rows(capsys):
     ]
     # the arm that differs from linear+12.5% in its lr only is named, not counted twice
     assert "linear+12.5%-lr: the model of linear+12.5%" in stdout
+    assert "nonlinear-same-recipe: the model of nonlinear" in stdout
 
 
 # ---------------------------------------------------------------------------------------
@@ -171,9 +172,14 @@ def test_computed_width_on_tiny_is_the_closest(pct):
 
 def test_paper_arm_widths_on_tiny():
     arms = experiment_arms(load_experiment("paper"), "tiny")
-    assert list(arms) == ["linear", "nonlinear", "linear+12.5%", "linear+12.5%-lr", "identity",
-                          "residual"]
+    assert list(arms) == ["linear", "nonlinear", "nonlinear-same-recipe", "linear+12.5%",
+                          "linear+12.5%-lr", "identity", "residual"]
     assert arms["linear+12.5%"].model.mlp_hidden == 608  # 4.75 x 128, as 3648 = 4.75 x 768
+    # the same-recipe arm differs from the baseline in its query path only
+    same, lin = arms["nonlinear-same-recipe"], arms["linear"]
+    assert same.train == lin.train and same.data == lin.data
+    assert same.model == dataclasses.replace(lin.model, query="nonlinear")
+    assert arms["nonlinear"].train != lin.train  # the paper's recipe: other lr and wd
     assert {a.model.query for a in arms.values()} == {"linear", "nonlinear", "identity",
                                                       "residual"}
 

@@ -30,13 +30,18 @@ SETS = ["model.vocab_size=320", "model.block_size=16", "model.n_layer=1", "model
         "train.ckpt_interval=2", "train.log_interval=1"]
 
 
-def reproduce(tmp_path, out, **env):
+def mini_setting(tmp_path):
+    """The mini experiment's file and the --set arguments of its data (made once per test)."""
     data = tmp_path / "data"
     if not (data / "meta.json").is_file():
         make_data(data)
     exp = tmp_path / "mini.toml"
     exp.write_text(EXPERIMENT)
-    sets = [a for s in SETS + [f'data.dir="{data}"'] for a in ("--set", s)]
+    return exp, [a for s in SETS + [f'data.dir="{data}"'] for a in ("--set", s)]
+
+
+def reproduce(tmp_path, out, **env):
+    exp, sets = mini_setting(tmp_path)
     return nlq("reproduce", "--experiment", exp, "--seeds", "2", "--out", out, "--jobs", "2",
                *sets, timeout=600, **env)
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from helpers import assert_user_error, make_data, nlq, ok
-from test_reproduce import EXPERIMENT, SETS
+from helpers import assert_user_error, nlq, ok
+from test_reproduce import mini_setting
 
 from nlq.errors import NlqError
 from nlq.experiments.reproduce import read_sweep_lrs
@@ -32,12 +32,7 @@ def test_grid_of_x2_steps_is_accepted():
 
 
 def sweep(tmp_path, out, lrs="2e-3,4e-3,8e-3", seeds="2"):
-    data = tmp_path / "data"
-    if not (data / "meta.json").is_file():
-        make_data(data)
-    exp = tmp_path / "mini.toml"
-    exp.write_text(EXPERIMENT)
-    sets = [a for s in SETS + [f'data.dir="{data}"'] for a in ("--set", s)]
+    exp, sets = mini_setting(tmp_path)
     return nlq("sweep", "--experiment", exp, "--preset", "tiny", "--arms", "linear",
                "--lrs", lrs, "--seeds", seeds, "--out", out, "--jobs", "2", *sets,
                timeout=600), sets

@@ -154,8 +154,21 @@ def _stability(rep: dict) -> list[str]:
     if not flagged:
         return L + [("No loss or grad-norm spike in any run (spike: train loss above 1.5x, or "
                     "grad norm above 10x, the running median of the previous 50 steps)."), ""]
+    def in_warmup(s: dict, x: dict) -> bool:
+        return s.get("warmup_steps") is not None and x["step"] < s["warmup_steps"]
+
+    spikes = [(s, x) for s in flagged for x in s["spikes"]]
+    late = [x for s, x in spikes if not in_warmup(s, x)]
+    n_loss = sum(x["kind"] == "loss" for _, x in spikes)
+    L.append(f"{len(spikes)} spike(s) in {len(flagged)} run(s): {n_loss} of train loss, "
+             f"{len(spikes) - n_loss} of grad norm; {len(spikes) - len(late)} inside the lr "
+             f"warmup (where the grad norm swings while the loss leaves its first plateau), "
+             f"{len(late)} after it. A spike is a train loss above 1.5x, or a grad norm above "
+             f"10x, the running median of the previous 50 steps.")
+    L.append("")
     for s in flagged:
-        steps = ", ".join(f"{x['step']} ({x['kind']})" for x in s["spikes"][:10])
+        steps = ", ".join(f"{x['step']} ({x['kind']}{', warmup' if in_warmup(s, x) else ''})"
+                          for x in s["spikes"][:10])
         L.append(f"- {s['arm']} seed {s['seed']}: {s['n_spikes']} spike(s) at step {steps}")
     return L + [""]
 

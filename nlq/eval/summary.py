@@ -151,26 +151,38 @@ def ordering(rows: dict[str, dict], by_arm: dict[str, list[Run]], claims: Claims
              for x, y in pairwise(order)}
     ests = {k: p.log_loss() for k, p in pairs.items()}
     order_txt = " < ".join(f"{a} {means[a]:.4f}" for a in sorted(means, key=means.get))
-    ans = (f"{who} {chain} (mean final log-loss) {'holds' if holds else 'does not hold'} "
-           f"here: {order_txt}. ")
+    ranked = f"Mean final log-loss ranks them {order_txt}. "
+    separated = False
     if any(e is None for e in ests.values()):
-        ans += "Some arms share no seed, so no paired interval between them."
-        separated = False
+        status = "untested"
+        ans = (f"{who} {chain} is not tested here: some arms share no seed, so there is no "
+               f"paired interval between them. {ranked}")
     elif any(not e.has_interval for e in ests.values()):
-        ans += "With 1 seed there are no intervals: the ordering rests on single observations."
-        separated = False
+        status = "untested"
+        ans = (f"{who} {chain} is not tested here: with 1 seed there are no intervals. "
+               f"{ranked}")
     else:
+        # "holds" needs every neighbour pair separated in the claimed direction, "does not
+        # hold" one pair separated the other way; a ranking of the means alone is neither
         parts = [f"{k} {fmt_signed(e.mean)}% (paired 95% CI {ci_text(e)})"
                  for k, e in ests.items()]
-        separated = holds and all(e.hi < 0 for e in ests.values())
+        separated = all(e.hi < 0 for e in ests.values())
+        against = [k for k, e in ests.items() if e.lo > 0]
         n = NUMBER_WORDS.get(len(order), str(len(order)))
-        every = {1: "The interval lies", 2: "Both intervals lie"}.get(
-            len(ests), f"All {len(ests)} intervals lie")
-        ans += "Intervals: " + "; ".join(parts) + ". "
-        ans += (f"{every} below 0: the intervals separate the {n} arms."
-                if separated else f"The intervals do not separate all {n} arms.")
+        if separated:
+            status = "holds"
+            ans = f"{who} {chain} holds here: the intervals separate the {n} arms. "
+        elif against:
+            status = "contradicted"
+            ans = (f"{who} {chain} does not hold here: the interval of {' and '.join(against)} "
+                   f"lies above 0. ")
+        else:
+            status = "unresolved"
+            ans = (f"{who} {chain} is neither confirmed nor contradicted here: the intervals "
+                   f"do not separate all {n} arms. ")
+        ans += ranked + "Intervals: " + "; ".join(parts) + "."
     return {"testable": True, "arms": order, "means": means, "holds_in_means": holds,
-            "separated_by_intervals": separated,
+            "separated_by_intervals": separated, "status": status,
             "paired": {k: p.to_dict() for k, p in pairs.items()}, "answer": ans}
 
 
@@ -303,6 +315,7 @@ def summarize(runs: list[Run], baseline: str = "linear", title: str = "nlq repor
         "arms": list(rows.values()),
         "stability": [{"arm": r.arm, "seed": r.seed, "run_dir": str(r.dir),
                        "n_spikes": int(r.summary.get("n_spikes", 0)),
+                       "warmup_steps": r.summary.get("warmup_steps"),
                        "spikes": r.summary.get("spikes", [])}
                       for r in done if r.summary.get("n_spikes")],
         "ordering": order,

@@ -105,10 +105,10 @@ def sweep(experiment: str, preset: str, arms: list[str] | None, lrs: list[float]
     out.mkdir(parents=True, exist_ok=True)
     plan_path = out / PLAN_FILE
     if plan_path.is_file():
-        # another grid is allowed (widening it reuses every finished lr); anything else would
-        # mix runs of two settings under one choice
+        # another grid or other arms are allowed (widening reuses every finished run: each
+        # run dir refuses another config); other seeds or settings would mix two choices
         before = json.loads(plan_path.read_text())
-        diff = [k for k in meta if k != "grid" and before.get(k) != meta[k]]
+        diff = [k for k in meta if k not in ("grid", "arms") and before.get(k) != meta[k]]
         if diff:
             raise NlqError(f"{out} holds a sweep with another plan ({', '.join(diff)}: "
                            f"{before.get(diff[0])!r}, now {meta[diff[0]]!r}): use another --out "
