@@ -144,6 +144,27 @@ def test_arms_share_batches_and_pair_seeds(experiment):
     assert v0["linear", 0] != v0["linear", 1]
 
 
+def test_exported_results_rebuild_the_same_report(experiment, tmp_path):
+    """`nlq export` keeps no checkpoint and no per-step train line, yet `nlq report` on the
+    copy gives the report the training folder gave: every number, spike and run."""
+    _, out, _ = experiment
+    dest = tmp_path / "results"
+    ok(nlq("export", out, dest))
+    assert not list(dest.rglob("ckpt")) and not list(dest.rglob("*.safetensors"))
+    kinds = {json.loads(ln)["kind"] for ln in
+             (dest / "runs/linear/seed0/metrics.jsonl").read_text().splitlines()}
+    assert "train" not in kinds and "eval" in kinds
+    ok(nlq("report", dest))
+    a, b = (json.loads((d / "report.json").read_text()) for d in (out, dest))
+    for rep in (a, b):
+        rep.pop("title")
+        rep["stability"].sort(key=lambda e: (e["arm"], e["seed"]))
+    assert a == b  # run dirs are written relative to the report, so they match too
+    assert not any(str(out) in ln for ln in (dest / "report.json").read_text().splitlines())
+    p = nlq("export", tmp_path / "nowhere", tmp_path / "x")
+    assert p.returncode == 2 and "holds no runs/ folder" in p.stderr
+
+
 def test_second_invocation_trains_nothing(experiment):
     tmp, out, _ = experiment
     before = snapshot(out / "runs")

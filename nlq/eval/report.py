@@ -9,6 +9,7 @@ nlq.eval.claims: passed in, or read from the experiment.toml that `nlq reproduce
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -39,10 +40,25 @@ def build_report(runs: Sequence[str | Path] | Sequence[Run], out_dir: str | Path
     lrs = [p / "lrs.json" for p in [out, *given] if (p / "lrs.json").is_file()]
     rep["lrs"] = json.loads(lrs[0].read_text()) if lrs else None
     out.mkdir(parents=True, exist_ok=True)
+    _relative_run_dirs(rep, out)
     draw_fig1(runs, rep, out / "fig1.png")
     (out / "report.json").write_text(json.dumps(rep, indent=2) + "\n", encoding="utf-8")
     (out / "report.md").write_text(render_markdown(rep), encoding="utf-8")
     return rep
+
+
+def _relative_run_dirs(obj, out: Path) -> None:
+    """Run dirs as paths relative to the report's folder, so a report committed with its runs
+    (`nlq export`) names no path of the machine that made it."""
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            if k == "run_dir" and isinstance(v, str):
+                obj[k] = os.path.relpath(Path(v).resolve(), out.resolve())
+            else:
+                _relative_run_dirs(v, out)
+    elif isinstance(obj, list):
+        for v in obj:
+            _relative_run_dirs(v, out)
 
 
 def summary_lines(rep: dict) -> list[str]:

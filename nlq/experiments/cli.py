@@ -1,6 +1,7 @@
 """Experiment commands: `nlq params` (exact parameter counts of an experiment's arms),
-`nlq reproduce` (the paper's comparison end to end) and `nlq report RUN_DIR...` (statistics,
-report.md/json and Fig. 1 from finished runs)."""
+`nlq reproduce` (the paper's comparison end to end), `nlq report RUN_DIR...` (statistics,
+report.md/json and Fig. 1 from finished runs), `nlq sweep` (lr tuning) and `nlq export` (the
+committable part of an output folder)."""
 
 from __future__ import annotations
 
@@ -85,8 +86,10 @@ def add_reproduce_arguments(p) -> None:
     p.add_argument("--experiment", default="paper", metavar="NAME|FILE",
                    help="shipped experiment (paper, strong-baseline, encoder) or a TOML file "
                         "(default: paper)")
-    p.add_argument("--preset", default="tiny", help="tiny (CPU, embedded corpus; default) or "
-                   "gpt3-small (the paper's configuration)")
+    p.add_argument("--preset", default="tiny",
+                   help="tiny (a quick CPU smoke run; default), small (the CPU setting where the "
+                        "positive control can pass; the README's main command) or gpt3-small "
+                        "(the paper's configuration)")
     p.add_argument("--seeds", type=int, default=2, help="model-init seeds per arm (default 2)")
     p.add_argument("--arms", default=None, metavar="A,B,...",
                    help="run only these arms (the baseline is always added)")
@@ -200,6 +203,27 @@ def run_report(args) -> int:
     return 0
 
 
+# nlq export
+
+
+def add_export_arguments(p) -> None:
+    p.add_argument("src", metavar="OUT_DIR", help="an `nlq reproduce` or `nlq sweep` output folder")
+    p.add_argument("dest", metavar="DEST", help="where the committable copy goes, e.g. "
+                   "results/paper-small")
+
+
+def run_export(args) -> int:
+    from nlq.eval.export import export_results
+
+    files = export_results(args.src, args.dest)
+    size = sum(f.stat().st_size for f in files)
+    runs = sum(f.name == "summary.json" for f in files)
+    again = (f"; `nlq report {args.dest}` rebuilds the report from them"
+             if any(f.name == "report.json" for f in files) else "")
+    print(f"wrote {len(files)} files ({size / 1e6:.2f} MB, {runs} runs) to {args.dest}{again}")
+    return 0
+
+
 # name: (help, add_arguments, run)
 COMMANDS = {
     "params": ("print exact parameter counts of an experiment's arms", add_params_arguments,
@@ -210,4 +234,6 @@ COMMANDS = {
                add_report_arguments, run_report),
     "sweep": ("tune each arm's lr alike on val (loss-vs-lr figure, sweep.json)",
               add_sweep_arguments, run_sweep),
+    "export": ("copy a reproduce/sweep folder's results without checkpoints, to commit",
+               add_export_arguments, run_export),
 }

@@ -1,0 +1,55 @@
+"""What of an experiment or sweep folder is worth committing: everything a reader needs to check
+the report and `nlq report` needs to rebuild it, and none of the weights.
+
+Kept: the folder's experiment.toml, lrs.json, report.md/json, fig1.png and the sweep's
+sweep.json/png and sweep-plan.json; per run, arm.json, config.toml, summary.json,
+test_docs.json (the per-document test losses the bootstrap resamples) and metrics.jsonl cut to
+its meta, eval and spike lines (the val curve of Fig. 1 and the flags; the per-step train
+lines are ~400 kB a run). Left out: checkpoints, TensorBoard files, locks, logs."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+from nlq.errors import NlqError
+
+FOLDER_FILES = ("experiment.toml", "lrs.json", "report.md", "report.json", "fig1.png",
+                "sweep.json", "sweep.png", "sweep-plan.json")
+RUN_FILES = ("arm.json", "config.toml", "summary.json", "test_docs.json")
+KEPT_METRICS = ("meta", "eval", "spike")
+
+
+def export_results(src: str | Path, dest: str | Path) -> list[Path]:
+    """Copy src's committable files into dest (made if missing; files there are replaced);
+    returns the files written. Only finished runs (summary.json present) are copied."""
+    src, dest = Path(src), Path(dest)
+    if not (src / "runs").is_dir():
+        raise NlqError(f"{src} holds no runs/ folder: not an experiment or sweep output")
+    if dest.resolve() == src.resolve():
+        raise NlqError(f"export into the folder itself ({src}): give another destination")
+    written = []
+    dest.mkdir(parents=True, exist_ok=True)
+    for name in FOLDER_FILES:
+        if (src / name).is_file():
+            written.append(Path(shutil.copy2(src / name, dest / name)))
+    for summary in sorted((src / "runs").rglob("summary.json")):
+        run = summary.parent
+        out = dest / run.relative_to(src)
+        out.mkdir(parents=True, exist_ok=True)
+        for name in RUN_FILES:
+            if (run / name).is_file():
+                written.append(Path(shutil.copy2(run / name, out / name)))
+        lines = [ln for ln in (run / "metrics.jsonl").read_text().splitlines()
+                 if ln.strip() and _kind(ln) in KEPT_METRICS]
+        (out / "metrics.jsonl").write_text("".join(ln + "\n" for ln in lines))
+        written.append(out / "metrics.jsonl")
+    return written
+
+
+def _kind(line: str) -> str | None:
+    try:
+        return json.loads(line).get("kind")
+    except (json.JSONDecodeError, AttributeError):
+        return None  # a torn last line of a killed run: not worth keeping
