@@ -53,8 +53,11 @@ class RunSpec:
 
 def plan(exp: Experiment, preset: str, seeds: int, arm_names: list[str] | None,
          out: Path, sets: dict | None = None) -> list[RunSpec]:
-    if seeds < 1:
-        raise NlqError(f"--seeds must be >= 1, got {seeds}")
+    if seeds < 2:
+        # the report's intervals, its positive control and every verdict need two seeds per
+        # arm at least; one-seed runs are `nlq train`, and `nlq report` still reads them
+        raise NlqError(f"--seeds must be >= 2 (the report's intervals and positive control "
+                       f"need 2 seeds per arm at least; 8 in the README's design), got {seeds}")
     names = list(exp.arms)
     if arm_names:
         unknown = [a for a in arm_names if a not in exp.arms]

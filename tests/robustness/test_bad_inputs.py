@@ -62,7 +62,7 @@ CASES = [
     "--set with an empty value", "config path is a directory",
     "config path is a directory named .toml", "unknown preset", "no config at all",
     "nlq params of an unknown preset", "nlq reproduce --arms nosuch",
-    "nlq reproduce of an unknown experiment", "nlq reproduce --seeds 0",
+    "nlq reproduce of an unknown experiment", "nlq reproduce --seeds 1",
     "nlq report on a dir with no runs", "nlq report on unfinished runs only",
     "nlq report with an unknown --baseline", "--resume on a file",
     # configs
@@ -137,8 +137,8 @@ def build_cases(tmp: Path, data: Path, ref: Path, nl: Path) -> dict[str, Case]:
     c["nlq reproduce of an unknown experiment"] = Case(
         ["reproduce", "--experiment", "nosuchexp", "--out", out("rep-exp")], ("nosuchexp",),
         absent=(out("rep-exp"),))
-    c["nlq reproduce --seeds 0"] = Case(["reproduce", "--seeds", "0", "--out", out("rep-0")],
-                                        ("--seeds", "0"), absent=(out("rep-0"),))
+    c["nlq reproduce --seeds 1"] = Case(["reproduce", "--seeds", "1", "--out", out("rep-1")],
+                                        ("--seeds", ">= 2", "got 1"), absent=(out("rep-1"),))
     (tmp / "no-runs").mkdir()
     c["nlq report on a dir with no runs"] = Case(
         ["report", tmp / "no-runs", "--out", out("report-none")], (str(tmp / "no-runs"),),
