@@ -90,7 +90,9 @@ def add_reproduce_arguments(p) -> None:
                    help="tiny (a quick CPU smoke run; default), small (the CPU setting where the "
                         "positive control can pass; the README's main command) or gpt3-small "
                         "(the paper's configuration)")
-    p.add_argument("--seeds", type=int, default=2, help="seeds per arm, each fixing init and data order in every arm (>= 2; default 2)")
+    p.add_argument("--seeds", type=int, default=2,
+                   help="seeds per arm, each fixing init and data order in every arm "
+                        "(>= 2; default 2)")
     p.add_argument("--arms", default=None, metavar="A,B,...",
                    help="run only these arms (the baseline is always added)")
     p.add_argument("--out", default=None, metavar="DIR",
