@@ -226,6 +226,32 @@ def run_export(args) -> int:
     return 0
 
 
+# nlq study
+
+
+def add_study_arguments(p) -> None:
+    p.add_argument("--ladder", default=None, metavar="FILE",
+                   help="the ladder TOML (default: nlq/experiments/ladder.toml)")
+    p.add_argument("--rungs", default=None, metavar="R,R,...",
+                   help="run only these rungs (default: every cpu rung of the ladder)")
+    p.add_argument("--out", default="out/study", metavar="DIR",
+                   help="output dir (default: out/study); one folder per rung")
+    p.add_argument("--jobs", type=int, default=None,
+                   help="runs trained at once (default: 2 on a CPU with >= 2 cores, else 1)")
+    p.add_argument("--dry-run", action="store_true",
+                   help="print the plan and its cost (measured here), train nothing")
+    p.add_argument("--force", action="store_true",
+                   help="train a cuda rung even where no GPU is present")
+
+
+def run_study(args) -> int:
+    from nlq.experiments.study import study
+
+    names = [r.strip() for r in args.rungs.split(",") if r.strip()] if args.rungs else None
+    return study(args.ladder, names, Path(args.out), _jobs(args.jobs), args.force,
+                 args.dry_run)
+
+
 # name: (help, add_arguments, run)
 COMMANDS = {
     "params": ("print exact parameter counts of an experiment's arms", add_params_arguments,
@@ -236,6 +262,8 @@ COMMANDS = {
                add_report_arguments, run_report),
     "sweep": ("tune each arm's lr alike on val (loss-vs-lr figure, sweep.json)",
               add_sweep_arguments, run_sweep),
+    "study": ("the comparison at every rung of a ladder of model sizes, then a scale report",
+              add_study_arguments, run_study),
     "export": ("copy a reproduce/sweep folder's results without checkpoints, to commit",
                add_export_arguments, run_export),
 }

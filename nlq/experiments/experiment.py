@@ -27,6 +27,7 @@ from nlq.eval.claims import Claims, check_arms, claims_from_dict
 from nlq.experiments.arms import named_arms, recipe, resolve_arm
 
 EXPERIMENT_DIR = Path(__file__).parent
+NOT_EXPERIMENTS = ("arms.toml", "ladder.toml")  # the named arms; the study's ladder
 KEYS = ("name", "description", "baseline", "arms", "base", "hypothesis", "reference")
 
 
@@ -47,14 +48,14 @@ def experiment_path(name_or_file: str | Path) -> Path:
     if path.is_file():
         return path
     path = EXPERIMENT_DIR / f"{name_or_file}.toml"
-    if not path.is_file() or path.name == "arms.toml":
+    if not path.is_file() or path.name in NOT_EXPERIMENTS:
         raise NlqError(f"unknown experiment {str(name_or_file)!r} (shipped: "
                        f"{', '.join(shipped_experiments())}; or give a TOML file)")
     return path
 
 
 def shipped_experiments() -> list[str]:
-    return sorted(p.stem for p in EXPERIMENT_DIR.glob("*.toml") if p.name != "arms.toml")
+    return sorted(p.stem for p in EXPERIMENT_DIR.glob("*.toml") if p.name not in NOT_EXPERIMENTS)
 
 
 def load_experiment(name_or_file: str | Path) -> Experiment:

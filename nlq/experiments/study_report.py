@@ -1,0 +1,148 @@
+"""The study report: every finished rung's comparison side by side (study.md, study.json) and
+the scale figure (scale.png: each arm's Δ test log-loss vs the baseline, with its paired 95%
+interval, against the baseline's non-embedding parameters). It only gathers what each rung's
+own report (OUT/<rung>/compare/report.json) measured and concluded; a rung whose positive
+control did not pass is shown, marked as unable to test the claim."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from nlq.fsutil import write_atomic
+
+
+def rung_rows(ladder, out: Path) -> list[dict]:
+    rows = []
+    for name, rung in ladder.rungs.items():
+        path = out / name / "compare" / "report.json"
+        if not path.is_file():
+            rows.append({"rung": name, "description": rung.description, "status": "not run"})
+            continue
+        rep = json.loads(path.read_text())
+        base = next(a for a in rep["arms"] if a["arm"] == rep["baseline"])
+        arms = {}
+        for a in rep["arms"]:
+            d = (a.get("vs_baseline") or {}).get("log_loss_pct") or {}
+            arms[a["arm"]] = {"loss": a["loss"]["mean"], "n_seeds": a["n_seeds"], "lr": a["lr"],
+                              "params_non_embedding": a["params_non_embedding"],
+                              "delta_pct": d.get("mean"), "ci95": [d.get("lo"), d.get("hi")]}
+        control = rep.get("positive_control") or {}
+        rows.append({
+            "rung": name, "description": rung.description, "status": "done",
+            "baseline": rep["baseline"], "params_non_embedding": base["params_non_embedding"],
+            "tokens_per_run": base["tokens_per_run"], "arms": arms,
+            "control_passed": bool(rep.get("verdicts_allowed")),
+            "control": {k: control.get(k) for k in ("arm", "against", "mean_pct", "ci95",
+                                                    "half_width_95_pct", "n_seeds")},
+            "first_line": rep.get("first_line"),
+            "verdicts": rep.get("preregistered_verdicts") or [],
+            "strong_baseline": rep.get("strong_baseline"),
+            "lrs": (rep.get("lrs") or {}).get("lrs"),
+        })
+    return rows
+
+
+def _fmt(x: float | None, spec: str = "+.2f") -> str:
+    return "–" if x is None else format(x, spec)
+
+
+def render(rows: list[dict], ladder) -> str:
+    done = [r for r in rows if r["status"] == "done"]
+    arms = [a for a in ladder.arms if any(a in r["arms"] for r in done)] or sorted(
+        {a for r in done for a in r["arms"]})
+    L = ["# nlq study: the comparison across model sizes", "",
+         (f"Experiment `{load_name(ladder)}`; each rung is a full comparison (lr sweep on val "
+          f"for every arm, seeds at the chosen lrs, test split, positive control first; its "
+          f"own report in `<rung>/compare/report.md`). Δ = log-loss % vs the baseline per "
+          f"seed, mean [paired 95% CI]."), ""]
+    L.append("| rung | model | non-emb. params (baseline) | tokens / run | seeds | control | "
+             + " | ".join(f"{a}" for a in arms) + " |")
+    L.append("|---" * (6 + len(arms)) + "|")
+    for r in rows:
+        if r["status"] != "done":
+            L.append(f"| {r['rung']} | {r['description']} | | | | not run |" + " |" * len(arms))
+            continue
+        cells = []
+        for a in arms:
+            v = r["arms"].get(a)
+            if v is None:
+                cells.append("–")
+            elif a == r["baseline"]:
+                cells.append(f"{v['loss']:.4f} (baseline)")
+            else:
+                lo, hi = v["ci95"]
+                cells.append(f"{v['loss']:.4f}, {_fmt(v['delta_pct'])}% "
+                             f"[{_fmt(lo)}, {_fmt(hi)}]")
+        n = min(v["n_seeds"] for v in r["arms"].values())
+        ctrl = "passed" if r["control_passed"] else "**failed: cannot test the claim**"
+        L.append(f"| {r['rung']} | {r['description']} | {r['params_non_embedding']:,} | "
+                 f"{r['tokens_per_run'] / 1e6:.1f}M | {n} | {ctrl} | " + " | ".join(cells) + " |")
+    L += ["", "## What each rung concluded", ""]
+    for r in done:
+        L.append(f"- **{r['rung']}**: {r['first_line']}")
+        if r["control_passed"]:
+            L += [f"  - {v}" for v in r["verdicts"]]
+        for s in r.get("strong_baseline") or []:
+            if isinstance(s, dict) and s.get("answer"):
+                L.append(f"  - {s['answer']}")
+    not_run = [r["rung"] for r in rows if r["status"] != "done"]
+    if not_run:
+        L += ["", (f"Not run yet: {', '.join(not_run)} (`nlq study --rungs "
+                   f"{','.join(not_run)}`).")]
+    L += ["", "![scale](scale.png)", ""]
+    return "\n".join(L) + "\n"
+
+
+def load_name(ladder) -> str:
+    from nlq.experiments.experiment import load_experiment
+
+    return load_experiment(ladder.experiment).name
+
+
+def draw_scale(rows: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    done = [r for r in rows if r["status"] == "done"]
+    arms = sorted({a for r in done for a in r["arms"] if a != r["baseline"]})
+    for i, a in enumerate(arms):
+        pts = [(r["params_non_embedding"], r["arms"][a], r["control_passed"]) for r in done
+               if a in r["arms"] and r["arms"][a]["delta_pct"] is not None]
+        if not pts:
+            continue
+        # a small horizontal offset per arm keeps the error bars apart
+        xs = [p * (1 + 0.04 * (i - len(arms) / 2)) for p, _, _ in pts]
+        ys = [v["delta_pct"] for _, v, _ in pts]
+        err = [[y - (v["ci95"][0] if v["ci95"][0] is not None else y) for y, (_, v, _) in
+                zip(ys, pts, strict=True)],
+               [(v["ci95"][1] if v["ci95"][1] is not None else y) - y for y, (_, v, _) in
+                zip(ys, pts, strict=True)]]
+        line = ax.errorbar(xs, ys, yerr=err, marker="o", capsize=3, label=a)
+        for x, y, (_, _, ok) in zip(xs, ys, pts, strict=True):
+            if not ok:  # the control failed here: the point cannot test the claim
+                ax.plot(x, y, marker="x", color=line[0].get_color(), markersize=12)
+    ax.axhline(0.0, color="grey", lw=0.8)
+    ax.set_xscale("log")
+    ax.set_xlabel("non-embedding parameters of the baseline")
+    ax.set_ylabel("Δ test log-loss vs baseline (%), paired 95% CI")
+    ax.set_title("nlq study (x: positive control failed)")
+    if arms:
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def build_study_report(ladder, out: Path) -> dict:
+    rows = rung_rows(ladder, out)
+    out.mkdir(parents=True, exist_ok=True)
+    rep = {"experiment": load_name(ladder), "arms": ladder.arms, "rungs": rows}
+    write_atomic(out / "study.json", json.dumps(rep, indent=2) + "\n")
+    write_atomic(out / "study.md", render(rows, ladder))
+    draw_scale(rows, out / "scale.png")
+    print(f"study: wrote {out / 'study.md'}, {out / 'study.json'}, {out / 'scale.png'}")
+    return rep

@@ -1,0 +1,95 @@
+"""`nlq study` bookkeeping on a toy ladder: 2 rungs x 2 arms, a few steps per run."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from helpers import nlq, ok
+from test_reproduce import SETS, mini_setting
+
+from nlq.experiments.study import load_ladder, widen
+
+
+def toy_ladder(tmp_path, d_model_b: int = 48) -> tuple:
+    exp, _ = mini_setting(tmp_path)  # the mini experiment and its data
+    sets = dict(s.split("=", 1) for s in SETS + [f'data.dir="{tmp_path / "data"}"'])
+    def table(extra):
+        return "{ " + ", ".join(f'"{k}" = {v}' for k, v in {**sets, **extra}.items()) + " }"
+    ladder = tmp_path / "ladder.toml"
+    ladder.write_text(f"""
+experiment = "{exp}"
+arms = ["linear", "nonlinear"]
+[rungs.A]
+preset = "tiny"
+set = {table({})}
+lrs = [1e-3, 2e-3, 4e-3]
+sweep_seeds = 2
+seeds = 2
+[rungs.B]
+preset = "tiny"
+set = {table({"model.d_model": d_model_b})}
+lrs = [1e-3, 2e-3, 4e-3]
+sweep_seeds = 2
+seeds = 2
+""")
+    return ladder
+
+
+def study(ladder, out, *args, **env):
+    return nlq("study", "--ladder", ladder, "--out", out, "--jobs", "2", *args, timeout=1200,
+               **env)
+
+
+def test_widen_grows_the_grid_toward_an_edge_best_within_limits():
+    g = [1e-3, 2e-3, 4e-3]
+    assert widen(g, {"a": {"lr": 2e-3}}, g) == g
+    assert widen(g, {"a": {"lr": 4e-3}, "b": {"lr": 2e-3}}, g) == [1e-3, 2e-3, 4e-3, 8e-3]
+    assert widen(g, {"a": {"lr": 1e-3}}, g) == [5e-4, 1e-3, 2e-3, 4e-3]
+    grown = [1e-3, 2e-3, 4e-3, 8e-3, 1.6e-2]  # two steps beyond the declared top: no more
+    assert widen(grown, {"a": {"lr": 1.6e-2}}, g) == grown
+
+
+def test_ladder_errors_name_the_key(tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[rungs.A]\npreset = "tiny"\nlrs = [1e-3, 2e-3, 4e-3]\nsteps = 3\n')
+    p = nlq("study", "--ladder", bad, "--out", tmp_path / "o", "--dry-run")
+    assert p.returncode == 2 and "unknown key 'steps'" in p.stderr
+    assert not (tmp_path / "o").exists()
+    ladder = toy_ladder(tmp_path)
+    p = nlq("study", "--ladder", ladder, "--rungs", "Z", "--out", tmp_path / "o", "--dry-run")
+    assert p.returncode == 2 and "unknown rung 'Z'" in p.stderr
+    assert load_ladder(ladder).rungs["B"].sets["model.d_model"] == 48
+
+
+def test_changed_rung_on_resume_is_refused_before_any_training(tmp_path):
+    ladder = toy_ladder(tmp_path)
+    out = tmp_path / "study"
+    from nlq.experiments.study import check_rung, rung_record
+
+    lad = load_ladder(ladder)
+    check_rung(out / "B", rung_record(lad, lad.rungs["B"]))  # as a started study leaves it
+    changed = toy_ladder(tmp_path, d_model_b=64)
+    p = study(changed, out)
+    assert p.returncode == 2
+    assert "rung 'B' was started with set" in p.stderr and "new rung" in p.stderr
+    assert not (out / "A").exists()  # refused before rung A trained anything
+
+
+@pytest.mark.slow
+def test_killed_study_resumes_to_the_same_report(tmp_path):
+    ladder = toy_ladder(tmp_path)
+    whole = tmp_path / "whole"
+    ok(study(ladder, whole))
+    killed = tmp_path / "killed"
+    p = study(ladder, killed, NLQ_FAULT="step@4")  # every run is SIGKILLed after step 4
+    assert p.returncode == 1 and not any(killed.rglob("summary.json"))
+    ok(study(ladder, killed))
+    a, b = (json.loads((d / "study.json").read_text()) for d in (whole, killed))
+    assert a == b
+    assert [r["status"] for r in a["rungs"]] == ["done", "done"]
+    # the second rung is the wider model: more non-embedding parameters on the x axis
+    assert a["rungs"][1]["params_non_embedding"] > a["rungs"][0]["params_non_embedding"]
+    assert (whole / "scale.png").read_bytes()[:4] == b"\x89PNG"
+    p = ok(study(ladder, whole))  # a third run trains nothing and writes the same report
+    assert json.loads((whole / "study.json").read_text()) == a
