@@ -93,3 +93,10 @@ def test_killed_study_resumes_to_the_same_report(tmp_path):
     assert (whole / "scale.png").read_bytes()[:4] == b"\x89PNG"
     p = ok(study(ladder, whole))  # a third run trains nothing and writes the same report
     assert json.loads((whole / "study.json").read_text()) == a
+    # the committable copy: every rung's sweep and comparison, no checkpoint
+    ok(nlq("export", whole, tmp_path / "results"))
+    res = tmp_path / "results"
+    assert json.loads((res / "study.json").read_text()) == a
+    assert (res / "B" / "rung.json").is_file() and (res / "B" / "compare" / "report.md").is_file()
+    assert len(list(res.rglob("summary.json"))) == len(list(whole.rglob("summary.json")))
+    assert not list(res.rglob("ckpt"))

@@ -1,4 +1,4 @@
-"""What of an experiment or sweep folder is worth committing: everything a reader needs to check
+"""What of an experiment, sweep or study folder is worth committing: everything a reader needs to check
 the report and `nlq report` needs to rebuild it, and none of the weights.
 
 Kept: the folder's experiment.toml, lrs.json, report.md/json, fig1.png and the sweep's
@@ -21,14 +21,20 @@ RUN_FILES = ("arm.json", "config.toml", "summary.json", "test_docs.json")
 KEPT_METRICS = ("meta", "eval", "spike")
 
 
+STUDY_FILES = ("study.md", "study.json", "scale.png")
+
+
 def export_results(src: str | Path, dest: str | Path) -> list[Path]:
     """Copy src's committable files into dest (made if missing; files there are replaced);
-    returns the files written. Only finished runs (summary.json present) are copied."""
+    returns the files written. Only finished runs (summary.json present) are copied. A study
+    folder (`nlq study`) is exported rung by rung: rung.json, sweep/ and compare/."""
     src, dest = Path(src), Path(dest)
-    if not (src / "runs").is_dir():
-        raise NlqError(f"{src} holds no runs/ folder: not an experiment or sweep output")
     if dest.resolve() == src.resolve():
         raise NlqError(f"export into the folder itself ({src}): give another destination")
+    if (src / "study.json").is_file():
+        return _export_study(src, dest)
+    if not (src / "runs").is_dir():
+        raise NlqError(f"{src} holds no runs/ folder: not an experiment, sweep or study output")
     written = []
     dest.mkdir(parents=True, exist_ok=True)
     for name in FOLDER_FILES:
@@ -45,6 +51,18 @@ def export_results(src: str | Path, dest: str | Path) -> list[Path]:
                  if ln.strip() and _kind(ln) in KEPT_METRICS]
         (out / "metrics.jsonl").write_text("".join(ln + "\n" for ln in lines))
         written.append(out / "metrics.jsonl")
+    return written
+
+
+def _export_study(src: Path, dest: Path) -> list[Path]:
+    dest.mkdir(parents=True, exist_ok=True)
+    written = [Path(shutil.copy2(src / n, dest / n)) for n in STUDY_FILES if (src / n).is_file()]
+    for rung in sorted(p.parent for p in src.glob("*/rung.json")):
+        (dest / rung.name).mkdir(exist_ok=True)
+        written.append(Path(shutil.copy2(rung / "rung.json", dest / rung.name / "rung.json")))
+        for part in ("sweep", "compare"):
+            if (rung / part / "runs").is_dir():
+                written += export_results(rung / part, dest / rung.name / part)
     return written
 
 
