@@ -198,7 +198,7 @@ def test_one_seed_ordering_and_strong_baseline(tmp_path):
     assert o["holds_in_means"] and o["separated_by_intervals"]
     assert o["arms"] == ["nonlinear", "linear+12.5%", "linear"]
     [s] = rep["strong_baseline"]
-    assert s["strong_baseline"] == "qk" and s["survives"] == "no"
+    assert s["strong_baseline"] == "qk" and s["survives"] == "not shown"
     assert "not distinguishable from qk" in s["answer"]
     md = (tmp_path / "out" / "report.md").read_text()
     assert "(1 seed, no CI)" in md and "holds here" in md and "QK-norm baseline qk" in md

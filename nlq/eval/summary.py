@@ -199,8 +199,10 @@ def strong_baseline(rows: dict[str, dict], by_arm: dict[str, list[Run]]) -> list
                 head = "undetermined"
             elif e.hi < 0:
                 head = "yes"
-            else:
-                head = "no"
+            elif e.lo > 0:
+                head = "no, it is worse"
+            else:  # the interval spans 0: neither shown nor refuted
+                head = "not shown"
             out.append({"nonlinear": n, "strong_baseline": s, "survives": head,
                         "paired": pair.to_dict(),
                         "answer": f"Does {n}'s gain survive against the QK-norm baseline {s}? "

@@ -39,8 +39,31 @@ def rung_rows(ladder, out: Path) -> list[dict]:
             "verdicts": rep.get("preregistered_verdicts") or [],
             "strong_baseline": rep.get("strong_baseline"),
             "lrs": (rep.get("lrs") or {}).get("lrs"),
+            "cost": _cost(out / name),
         })
     return rows
+
+
+def _cost(rung_dir: Path) -> dict:
+    """The rung's finished runs (sweep and seeds) and their summed training seconds (two at a
+    time on CPU: the wall time is about half)."""
+    secs = [json.loads(p.read_text()).get("elapsed_s") or 0.0
+            for p in rung_dir.rglob("summary.json")]
+    return {"runs": len(secs), "run_seconds": round(sum(secs))}
+
+
+def machine() -> dict:
+    import os
+    import platform
+
+    import torch
+
+    from nlq.experiments.sweep import source_commit
+
+    sha, dirty = source_commit()
+    return {"commit": sha, "dirty": dirty, "cpu": platform.processor() or platform.machine(),
+            "cpu_count": os.cpu_count(), "torch": torch.__version__,
+            "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}
 
 
 def _fmt(x: float | None, spec: str = "+.2f") -> str:
@@ -59,6 +82,7 @@ def render(rows: list[dict], ladder) -> str:
     L.append("| rung | model | non-emb. params (baseline) | tokens / run | seeds | control | "
              + " | ".join(f"{a}" for a in arms) + " |")
     L.append("|---" * (6 + len(arms)) + "|")
+    costs = []
     for r in rows:
         if r["status"] != "done":
             L.append(f"| {r['rung']} | {r['description']} | | | | not run |" + " |" * len(arms))
@@ -78,6 +102,12 @@ def render(rows: list[dict], ladder) -> str:
         ctrl = "passed" if r["control_passed"] else "**failed: cannot test the claim**"
         L.append(f"| {r['rung']} | {r['description']} | {r['params_non_embedding']:,} | "
                  f"{r['tokens_per_run'] / 1e6:.1f}M | {n} | {ctrl} | " + " | ".join(cells) + " |")
+        costs.append(f"{r['rung']}: {r['cost']['runs']} runs, "
+                     f"{r['cost']['run_seconds'] / 3600:.1f} h of training summed over runs")
+    m = machine()
+    L += ["", (f"Cost: {'; '.join(costs) or 'nothing run'}. Report written at commit "
+          f"{(m['commit'] or 'unknown')[:10]}{' (dirty)' if m['dirty'] else ''} on "
+          f"{m['cuda'] or m['cpu']} ({m['cpu_count']} CPUs), torch {m['torch']}.")]
     L += ["", "## What each rung concluded", ""]
     for r in done:
         L.append(f"- **{r['rung']}**: {r['first_line']}")
@@ -140,7 +170,8 @@ def draw_scale(rows: list[dict], path: Path) -> None:
 def build_study_report(ladder, out: Path) -> dict:
     rows = rung_rows(ladder, out)
     out.mkdir(parents=True, exist_ok=True)
-    rep = {"experiment": load_name(ladder), "arms": ladder.arms, "rungs": rows}
+    rep = {"experiment": load_name(ladder), "arms": ladder.arms, "machine": machine(),
+           "rungs": rows}
     write_atomic(out / "study.json", json.dumps(rep, indent=2) + "\n")
     write_atomic(out / "study.md", render(rows, ladder))
     draw_scale(rows, out / "scale.png")
