@@ -17,7 +17,8 @@ def rung_rows(ladder, out: Path) -> list[dict]:
     for name, rung in ladder.rungs.items():
         path = out / name / "compare" / "report.json"
         if not path.is_file():
-            rows.append({"rung": name, "description": rung.description, "status": "not run"})
+            rows.append({"rung": name, "description": rung.description,
+                         "status": "not finished"})
             continue
         rep = json.loads(path.read_text())
         base = next(a for a in rep["arms"] if a["arm"] == rep["baseline"])
@@ -52,16 +53,27 @@ def _cost(rung_dir: Path) -> dict:
     return {"runs": len(secs), "run_seconds": round(sum(secs))}
 
 
+def _cpu_name() -> str:
+    import platform
+
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 def machine() -> dict:
     import os
-    import platform
 
     import torch
 
     from nlq.experiments.sweep import source_commit
 
     sha, dirty = source_commit()
-    return {"commit": sha, "dirty": dirty, "cpu": platform.processor() or platform.machine(),
+    return {"commit": sha, "dirty": dirty, "cpu": _cpu_name(),
             "cpu_count": os.cpu_count(), "torch": torch.__version__,
             "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}
 
@@ -85,7 +97,8 @@ def render(rows: list[dict], ladder) -> str:
     costs = []
     for r in rows:
         if r["status"] != "done":
-            L.append(f"| {r['rung']} | {r['description']} | | | | not run |" + " |" * len(arms))
+            L.append(f"| {r['rung']} | {r['description']} | | | | not finished |"
+                     + " |" * len(arms))
             continue
         cells = []
         for a in arms:
@@ -118,7 +131,7 @@ def render(rows: list[dict], ladder) -> str:
                 L.append(f"  - {s['answer']}")
     not_run = [r["rung"] for r in rows if r["status"] != "done"]
     if not_run:
-        L += ["", (f"Not run yet: {', '.join(not_run)} (`nlq study --rungs "
+        L += ["", (f"Not finished: {', '.join(not_run)} (`nlq study --rungs "
                    f"{','.join(not_run)}`).")]
     L += ["", "![scale](scale.png)", ""]
     return "\n".join(L) + "\n"
@@ -157,6 +170,11 @@ def draw_scale(rows: list[dict], path: Path) -> None:
                 ax.plot(x, y, marker="x", color=line[0].get_color(), markersize=12)
     ax.axhline(0.0, color="grey", lw=0.8)
     ax.set_xscale("log")
+    xs = sorted({r["params_non_embedding"] for r in done})
+    if xs:  # one tick per rung, labelled with its size; room for the offsets around it
+        ax.set_xlim(xs[0] / 1.6, xs[-1] * 1.6)
+        ax.set_xticks(xs, [f"{x / 1e3:.0f}k" if x < 1e6 else f"{x / 1e6:.1f}M" for x in xs])
+        ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
     ax.set_xlabel("non-embedding parameters of the baseline")
     ax.set_ylabel("Δ test log-loss vs baseline (%), paired 95% CI")
     ax.set_title("nlq study (x: positive control failed)")
