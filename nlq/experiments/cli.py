@@ -220,8 +220,12 @@ def run_export(args) -> int:
     files = export_results(args.src, args.dest)
     size = sum(f.stat().st_size for f in files)
     runs = sum(f.name == "summary.json" for f in files)
-    again = (f"; `nlq report {args.dest}` rebuilds the report from them"
-             if any(f.name == "report.json" for f in files) else "")
+    if any(f.name == "study.json" for f in files):
+        again = f"; `nlq report {args.dest}/<rung>/compare` rebuilds a rung's report"
+    elif any(f.name == "report.json" for f in files):
+        again = f"; `nlq report {args.dest}` rebuilds the report from them"
+    else:
+        again = ""
     print(f"wrote {len(files)} files ({size / 1e6:.2f} MB, {runs} runs) to {args.dest}{again}")
     return 0
 
