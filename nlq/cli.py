@@ -16,7 +16,8 @@ from nlq import __version__
 from nlq.errors import NlqError
 
 # Packages whose cli module contributes subcommands, in the order `nlq --help` lists them.
-COMMAND_MODULES = ["nlq.data.cli", "nlq.train.cli", "nlq.experiments.cli", "nlq.config.cli"]
+COMMAND_MODULES = ["nlq.data.cli", "nlq.train.cli", "nlq.experiments.cli", "nlq.infer.cli",
+                   "nlq.config.cli"]
 
 
 def build_parser() -> argparse.ArgumentParser:

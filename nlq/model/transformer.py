@@ -218,6 +218,13 @@ class Transformer(nn.Module):
                 loss = loss.view(B, T)  # (B, T)
         return logits, loss
 
+    def generate(self, idx: torch.Tensor, max_new_tokens: int, **sampling) -> torch.Tensor:
+        """idx (B, T0) -> (B, T0 + n): continuations sampled with temperature, top_k, top_p,
+        seed and stop_token (nlq/model/generate.py; temperature=0 is greedy)."""
+        from nlq.model.generate import generate
+
+        return generate(self, idx, max_new_tokens, **sampling)
+
     # -- parameter counts ------------------------------------------------------------
     def num_params(self, non_embedding: bool = False) -> int:
         """A tied matrix counts once. Non-embedding drops the token and position tables

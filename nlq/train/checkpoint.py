@@ -130,7 +130,7 @@ def save(run_dir: Path, step: int, model_sd: dict, optim_flat: dict, state: dict
     return final
 
 
-def _verify(d: Path) -> dict:
+def verify(d: Path) -> dict:
     """state.json of checkpoint dir d if every file matches its sha256, else raise."""
     try:
         state = json.loads((d / "state.json").read_text())
@@ -178,7 +178,7 @@ def load_latest(run_dir: Path) -> Checkpoint:
     problems = []
     for d in dirs:
         try:
-            state = _verify(d)
+            state = verify(d)
             model = load_file(str(d / "model.safetensors"))
             optim = load_file(str(d / "optim.safetensors"))
         except (ValueError, SafetensorError, OSError) as e:

@@ -1,0 +1,62 @@
+"""`nlq sample`: text from a trained model."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+
+def add_sample_arguments(p) -> None:
+    p.add_argument("model", metavar="RUN_DIR|CKPT",
+                   help="a run dir, a checkpoint dir (RUN/ckpt/step_N) or a saved model folder")
+    p.add_argument("--prompt", default="", help="text to continue (default: none: the model "
+                   "starts after an end-of-text token)")
+    p.add_argument("--max-new-tokens", type=int, default=200, help="tokens to add (default 200)")
+    p.add_argument("--temperature", type=float, default=0.8,
+                   help="softmax temperature; 0 is greedy (default 0.8)")
+    p.add_argument("--top-k", type=int, default=None, help="sample among the k likeliest tokens")
+    p.add_argument("--top-p", type=float, default=None,
+                   help="sample among the likeliest tokens whose probability reaches p, in (0, 1]")
+    p.add_argument("--seed", type=int, default=0, help="seed of the draws (default 0)")
+    p.add_argument("--num-samples", type=int, default=1, help="continuations (default 1)")
+    p.add_argument("--data", default=None, metavar="DIR",
+                   help="the prepared data dir whose tokenizer to use (default: the run's)")
+    p.add_argument("--no-stop", action="store_true",
+                   help="do not stop at the end-of-text token")
+
+
+def run_sample(args) -> int:
+    import torch
+
+    from nlq.errors import NlqError
+    from nlq.infer.load import check_vocab, load_model, load_tokenizer
+    from nlq.model.generate import check_sampling
+
+    check_sampling(args.temperature, args.top_k, args.top_p)  # before loading anything
+    if args.max_new_tokens < 1 or args.num_samples < 1:
+        raise NlqError("--max-new-tokens and --num-samples must be >= 1")
+    model, data = load_model(args.model)
+    data = Path(args.data) if args.data else data
+    if data is None:
+        raise NlqError(f"{args.model} does not say which data it trained on: give --data DIR "
+                       f"(a prepared data dir with the model's tokenizer)")
+    tok = load_tokenizer(data)
+    check_vocab(model, tok, data)
+    ids = tok.encode([args.prompt])[0].tolist() if args.prompt else []
+    prompt = [tok.eot_id] + ids  # as in training, where documents follow an end-of-text
+    idx = torch.tensor([prompt] * args.num_samples, dtype=torch.long)  # (N, T0)
+    out = model.generate(idx, args.max_new_tokens, temperature=args.temperature,
+                         top_k=args.top_k, top_p=args.top_p, seed=args.seed,
+                         stop_token=None if args.no_stop else tok.eot_id)
+    for i, row in enumerate(out.tolist()):
+        new = row[len(prompt):]
+        if not args.no_stop and tok.eot_id in new:
+            new = new[:new.index(tok.eot_id)]
+        if args.num_samples > 1:
+            print(f"--- sample {i}", file=sys.stderr)
+        print(args.prompt + tok.decode(new))
+    return 0
+
+
+COMMANDS = {"sample": ("text from a trained model (temperature, top-k, top-p, seed)",
+                       add_sample_arguments, run_sample)}
