@@ -163,3 +163,27 @@ def test_nlq_sample_bad_input(run, tmp_path):
     (big / "meta.json").write_text(json.dumps(meta))
     assert_user_error(nlq("sample", run, "--data", big), "does not fit the model")
     assert_user_error(nlq("sample", tmp_path / "nowhere"), "does not exist")
+
+
+# -- nlq eval --------------------------------------------------------------------------------
+
+
+def test_nlq_eval_equals_the_runs_own_test_eval(run):
+    summary = json.loads((run / "summary.json").read_text())
+    r = json.loads(ok(nlq("eval", run, "--json")).stdout)
+    assert r["log_loss"] == pytest.approx(summary["test_loss"], rel=1e-9)
+    assert r["tokens"] == summary["test_tokens"] and r["docs"] == summary["test_docs"]
+    docs = json.loads((run / "test_docs.json").read_text())
+    assert r["per_doc"]["nats"] == pytest.approx(docs["nats"], rel=1e-9)
+    lo, hi = r["ci95"]
+    assert lo < r["log_loss"] < hi
+    val = json.loads(ok(nlq("eval", run, "--split", "val", "--json")).stdout)
+    assert val["tokens"] > 0 and val["log_loss"] != r["log_loss"]
+
+
+def test_nlq_eval_refuses_data_of_another_tokenizer(run, tmp_path):
+    other = make_data(tmp_path / "other", vocab_size=300)
+    meta = json.loads((other / "meta.json").read_text())
+    meta["tokenizer"] = "gpt2"
+    (other / "meta.json").write_text(json.dumps(meta))
+    assert_user_error(nlq("eval", run, "--data", other), "tokenized otherwise")

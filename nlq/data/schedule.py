@@ -108,11 +108,16 @@ class TokenData:
     def test_docs(self) -> list[np.ndarray]:
         """The test split's documents, each with its closing end-of-text token; an error
         naming the folder when it has no test split."""
-        if self.test is None:
+        return self.docs("test")
+
+    def docs(self, split: str) -> list[np.ndarray]:
+        """A split's documents, each with its closing end-of-text token."""
+        arr = {"train": self.train, "val": self.val, "test": self.test}[split]
+        if arr is None:
             raise NlqError(f"{self.dir} has no test split: re-run `nlq prepare --force` with "
                            f"the arguments in its meta.json (or set train.test_eval = false)")
-        ends = np.flatnonzero(np.asarray(self.test) == self.meta["eot_id"]) + 1
-        return np.split(np.asarray(self.test), ends[:-1])
+        ends = np.flatnonzero(np.asarray(arr) == self.meta["eot_id"]) + 1
+        return [d for d in np.split(np.asarray(arr), ends[:-1]) if len(d)]
 
     def check_ids(self, windows: torch.Tensor, split: str, what: str) -> None:
         """Every id of windows (read from split.bin) must be below the data's vocab_size: a

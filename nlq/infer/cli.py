@@ -1,4 +1,4 @@
-"""`nlq sample`: text from a trained model."""
+"""`nlq sample` (text from a trained model) and `nlq eval` (its log-loss on a split)."""
 
 from __future__ import annotations
 
@@ -58,5 +58,35 @@ def run_sample(args) -> int:
     return 0
 
 
+def add_eval_arguments(p) -> None:
+    p.add_argument("model", metavar="RUN_DIR|CKPT",
+                   help="a run dir, a checkpoint dir (RUN/ckpt/step_N) or a saved model folder")
+    p.add_argument("--data", default=None, metavar="DIR",
+                   help="a prepared data dir with the model's tokenizer (default: the run's)")
+    p.add_argument("--split", default="test", choices=("test", "val", "train"),
+                   help="the split scored, whole, document by document (default: test)")
+    p.add_argument("--json", action="store_true", help="print one JSON object (per-document "
+                   "nats and tokens included)")
+
+
+def run_eval(args) -> int:
+    import json
+
+    from nlq.infer.evaluate import eval_model
+
+    r = eval_model(args.model, args.data, args.split)
+    if args.json:
+        print(json.dumps(r))
+        return 0
+    lo, hi = r["ci95"]
+    plo, phi = r["ppl_ci95"]
+    print(f"{r['split']} split of {r['data']}: {r['docs']:,} documents, {r['tokens']:,} tokens")
+    print(f"log-loss {r['log_loss']:.4f} nats/token [95% CI over documents {lo:.4f}, {hi:.4f}]")
+    print(f"perplexity {r['ppl']:.3f} [{plo:.3f}, {phi:.3f}]")
+    return 0
+
+
 COMMANDS = {"sample": ("text from a trained model (temperature, top-k, top-p, seed)",
-                       add_sample_arguments, run_sample)}
+                       add_sample_arguments, run_sample),
+            "eval": (("a trained model's log-loss and perplexity on a whole split, with an "
+                      "interval over documents"), add_eval_arguments, run_eval)}

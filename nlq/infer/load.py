@@ -72,3 +72,21 @@ def check_vocab(model: Transformer, tok: Tokenizer, data_dir: Path) -> None:
         raise NlqError(f"the tokenizer of {data_dir} ({tok.spec}, {tok.vocab_size} tokens) does "
                        f"not fit the model (vocab_size {model.cfg.vocab_size}): another "
                        f"tokenizer than the model trained with")
+
+
+def run_config(path: str | Path):
+    """The Config of the run a run dir or checkpoint dir belongs to, or None."""
+    p = Path(path)
+    for d in (p, p.parent.parent):
+        if (d / "config.toml").is_file():
+            return load_config(d / "config.toml")
+    return None
+
+
+def same_tokenizer(a: Path, b: Path) -> bool:
+    """Whether two prepared data dirs were tokenized alike (spec and tokenizer.json bytes)."""
+    def key(d: Path):
+        meta = json.loads((d / "meta.json").read_text())
+        tj = d / "tokenizer.json"
+        return meta.get("tokenizer"), tj.read_bytes() if tj.is_file() else None
+    return key(a) == key(b)

@@ -36,7 +36,7 @@ def evaluate(wrapped: torch.nn.Module, batches: Batches, world: dist.World,
 
 @torch.no_grad()
 def evaluate_test(wrapped: torch.nn.Module, batches: Batches, world: dist.World,
-                  autocast: contextlib.AbstractContextManager) -> dict:
+                  autocast: contextlib.AbstractContextManager, split: str = "test") -> dict:
     """The whole test split, document by document: {"doc", "nats", "tokens"} per test
     document (the sum of nats and the number of scored tokens), identical on every rank.
 
@@ -46,7 +46,7 @@ def evaluate_test(wrapped: torch.nn.Module, batches: Batches, world: dist.World,
     end-of-text included, is predicted once with the context of its own window. Rank r runs
     chunks r, r+W, ... of micro_batch windows; the per-document sums are all-reduced."""
     wrapped.eval()
-    docs = batches.data.test_docs()
+    docs = batches.data.docs(split)  # `nlq eval --split` scores another split the same way
     windows, owner = doc_windows(docs, batches.T, int(batches.data.meta["eot_id"]))
     B, W, dev = batches.t.micro_batch, world.size, batches.device
     n_chunks = math.ceil(len(windows) / (B * W)) * W  # every rank runs as many forwards
