@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 
@@ -187,3 +188,36 @@ def test_nlq_eval_refuses_data_of_another_tokenizer(run, tmp_path):
     meta["tokenizer"] = "gpt2"
     (other / "meta.json").write_text(json.dumps(meta))
     assert_user_error(nlq("eval", run, "--data", other), "tokenized otherwise")
+
+
+def test_a_checkpoint_dir_is_a_model_folder(run):
+    """Every checkpoint holds config.json beside model.safetensors: from_pretrained loads it
+    as the run's own weights."""
+    from nlq.infer.load import load_model
+
+    step = max((run / "ckpt").glob("step_*"))
+    a = Transformer.from_pretrained(step).eval()
+    b, _ = load_model(run)
+    idx = torch.randint(0, 300, (2, 16), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert torch.equal(a(idx)[0], b(idx)[0])
+
+
+def test_nlq_convert_writes_a_gpt2_folder_with_the_runs_tokenizer(run, tmp_path):
+    transformers = pytest.importorskip("transformers")
+    from nlq.infer.load import load_model, load_tokenizer
+
+    ok(nlq("convert", run, "--out", tmp_path / "g"))
+    hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "g").eval()
+    hf_tok = transformers.AutoTokenizer.from_pretrained(tmp_path / "g")
+    ours, data = load_model(run)
+    text = "the early bird catches the lazy fox"
+    ids = load_tokenizer(data).encode([text])[0].tolist()
+    assert hf_tok(text).input_ids == ids  # the same tokens from the exported tokenizer
+    idx = torch.tensor([ids])
+    with torch.no_grad():
+        assert (hf(idx).logits - ours(idx)[0]).abs().max() < 1e-5
+    nl = Transformer(dataclasses.replace(ours.cfg, query="nonlinear"))
+    nl.save_pretrained(tmp_path / "nl")
+    assert_user_error(nlq("convert", tmp_path / "nl", "--out", tmp_path / "x"), "query")
+    assert not (tmp_path / "x").exists()

@@ -86,7 +86,35 @@ def run_eval(args) -> int:
     return 0
 
 
+def add_convert_arguments(p) -> None:
+    p.add_argument("model", metavar="RUN_DIR|CKPT",
+                   help="a run dir, a checkpoint dir or a saved model folder (a linear decoder)")
+    p.add_argument("--to", default="gpt2", choices=("gpt2",),
+                   help="the format (gpt2: transformers' GPT2LMHeadModel)")
+    p.add_argument("--out", required=True, metavar="DIR", help="the folder written")
+    p.add_argument("--data", default=None, metavar="DIR",
+                   help="the data dir whose tokenizer goes with it (default: the run's)")
+
+
+def run_convert(args) -> int:
+    from nlq.hf.gpt2 import save_gpt2, save_tokenizer
+    from nlq.infer.load import load_model
+
+    model, data = load_model(args.model)
+    data = Path(args.data) if args.data else data
+    save_gpt2(model, args.out)
+    what = "model"
+    if data is not None and (data / "meta.json").is_file():
+        save_tokenizer(data, args.out)
+        what = "model and tokenizer"
+    print(f"wrote {args.out}: a GPT-2 {what}; transformers.AutoModelForCausalLM."
+          f"from_pretrained({str(args.out)!r}) loads it")
+    return 0
+
+
 COMMANDS = {"sample": ("text from a trained model (temperature, top-k, top-p, seed)",
                        add_sample_arguments, run_sample),
             "eval": (("a trained model's log-loss and perplexity on a whole split, with an "
-                      "interval over documents"), add_eval_arguments, run_eval)}
+                      "interval over documents"), add_eval_arguments, run_eval),
+            "convert": ("write a linear decoder as a transformers GPT-2 folder (same logits)",
+                        add_convert_arguments, run_convert)}

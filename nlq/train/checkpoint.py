@@ -108,6 +108,11 @@ def save(run_dir: Path, step: int, model_sd: dict, optim_flat: dict, state: dict
             json.dump(state, f, indent=2, sort_keys=True)
             f.flush()
             os.fsync(f.fileno())
+        if isinstance(state.get("model_config"), dict):
+            # beside the weights, as save_pretrained writes it: Transformer.from_pretrained
+            # (and anything that reads a model folder) loads a checkpoint dir as it is
+            (tmp / "config.json").write_text(
+                json.dumps(state["model_config"], indent=2, sort_keys=True))
         fsync(tmp)
         stage("ckpt_state")
         if final.exists():  # a checkpoint of this step from a run that was then interrupted

@@ -1,0 +1,52 @@
+"""The linear arm written as transformers' GPT-2: the same logits, in memory and through a
+saved folder; what GPT-2 cannot express is refused, naming it."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from nlq.config import ModelConfig
+from nlq.errors import NlqError
+from nlq.model.transformer import Transformer
+
+transformers = pytest.importorskip("transformers")
+from nlq.hf.gpt2 import save_gpt2, to_gpt2
+
+
+def model(**kw) -> Transformer:
+    cfg = ModelConfig(vocab_size=97, block_size=24, n_layer=2, n_head=4, d_model=32,
+                      mlp_hidden=80, **kw)
+    m = Transformer(cfg, seed=3).eval()
+    with torch.no_grad():  # O(1) weights and non-trivial norms, biases included
+        g = torch.Generator().manual_seed(1)
+        for name, p in m.named_parameters():
+            noise = torch.randn(p.shape, generator=g)
+            p.copy_(1 + 0.2 * noise if name.endswith("ln_1.weight") else 0.3 * noise)
+    return m
+
+
+@pytest.mark.parametrize("kw", [{"bias": True}, {"bias": False},
+                                {"bias": True, "tie_embeddings": False}])
+def test_gpt2_export_has_the_same_logits(kw, tmp_path):
+    ours = model(**kw)
+    idx = torch.randint(0, 97, (3, 24), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        want, _ = ours(idx)
+        hf = to_gpt2(ours)
+        assert (hf(idx).logits - want).abs().max() < 1e-5
+        save_gpt2(ours, tmp_path / "gpt2")
+        loaded = transformers.GPT2LMHeadModel.from_pretrained(tmp_path / "gpt2").eval()
+        assert (loaded(idx).logits - want).abs().max() < 1e-5
+        auto = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "gpt2").eval()
+        assert torch.equal(auto(idx).logits, loaded(idx).logits)
+
+
+@pytest.mark.parametrize("kw,what", [({"query": "nonlinear"}, "query 'nonlinear'"),
+                                     ({"arch": "encoder"}, "arch 'encoder'"),
+                                     ({"pos_emb": "rope"}, "pos_emb 'rope'"),
+                                     ({"qk_norm": True}, "qk_norm"),
+                                     ({"attn_scale_mult": 0.5}, "attention scale")])
+def test_what_gpt2_cannot_express_is_refused(kw, what):
+    with pytest.raises(NlqError, match=what):
+        to_gpt2(model(**kw))
