@@ -251,7 +251,7 @@ def metrics(run_dir: Path, kind: str | None = None) -> list[dict]:
     return [r for r in rows if kind is None or r["kind"] == kind]
 
 
-TIMING = ("elapsed", "tok_per_s")
+TIMING = ("elapsed", "tok_per_s", "peak_mem_mb")
 
 
 def untimed(rows: list[dict]) -> list[dict]:

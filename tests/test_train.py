@@ -320,3 +320,17 @@ def test_val_loss_is_nats_over_tokens(runs, data, arch):
     assert last["step"] == t.max_steps
     assert last["val_loss"] == pytest.approx(nats / count, abs=1e-5)
     assert last["val_ppl"] == pytest.approx(math.exp(nats / count), rel=1e-4)
+
+
+def test_without_a_bar_a_run_prints_plain_lines_and_logs_peak_memory(data, tmp_path, capsys):
+    cfg = tiny_config(data, **{"train.max_steps": 100, "train.log_interval": 1,
+                               "train.eval_interval": 50, "train.ckpt_interval": 50})
+    train(cfg, tmp_path / "run", progress=False)
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("step ")]
+    # every 2 steps (100 // 50), the last included; each with its measured figures
+    assert [ln.split(":")[0] for ln in lines] == [f"step {s}/100" for s in range(2, 101, 2)]
+    assert all("tok/s" in ln and "ETA" in ln and "peak mem" in ln for ln in lines)
+    rows = [r for r in helpers.metrics(tmp_path / "run", "train")]
+    assert len(rows) == 100 and all(r["peak_mem_mb"] > 0 for r in rows)
+    last = rows[-1]
+    assert f"loss {last['loss']:.4f}" in lines[-1]

@@ -29,9 +29,10 @@ from nlq.config import Config, config_from_toml
 from nlq.errors import NlqError
 from nlq.fsutil import write_atomic
 from nlq.model import Transformer
+from nlq.model.params import flops_per_token
 from nlq.train import checkpoint, dist, faults
 from nlq.train.batches import Batches
-from nlq.train.console import progress_bar, stop_on_signals
+from nlq.train.console import PlainLog, peak_memory_mb, progress_bar, stop_on_signals
 from nlq.train.evaluate import evaluate, evaluate_test
 from nlq.train.rundir import RunDir, prepare_run_dir
 from nlq.train.spikes import Spikes
@@ -139,6 +140,8 @@ def _train(run: Run, resume: bool, progress: bool) -> dict:
     val_loss = val_ppl = float("nan")
     with stop_on_signals() as stop, progress_bar(run, pos.step, progress) as bar:
         t_last, tokens_last = time.perf_counter(), pos.tokens
+        plain = (PlainLog(t.max_steps, pos.step, flops_per_token(run.cfg.model), run.device)
+                 if world.main and bar is None else None)
         while True:
             # -- step boundary: eval, checkpoint, stop -----------------------------------------
             boundary = pos.step != resumed_at
@@ -177,11 +180,14 @@ def _train(run: Run, resume: bool, progress: bool) -> dict:
                 now = time.perf_counter()
                 tps = (pos.tokens - tokens_last) / max(now - t_last, 1e-9)
                 t_last, tokens_last = now, pos.tokens
-                files.log({"kind": "train", "step": pos.step, "lr": lr, "loss": train_loss,
-                           "grad_norm": grad_norm, "tokens": pos.tokens, "tok_per_s": tps,
-                           "elapsed": pos.elapsed})
+                rec = {"kind": "train", "step": pos.step, "lr": lr, "loss": train_loss,
+                       "grad_norm": grad_norm, "tokens": pos.tokens, "tok_per_s": tps,
+                       "elapsed": pos.elapsed, "peak_mem_mb": peak_memory_mb(run.device)}
+                files.log(rec)
                 if bar is not None:
                     bar.set_postfix(loss=f"{train_loss:.3f}", tok_s=f"{tps:,.0f}")
+                elif plain is not None:
+                    plain.maybe_print(rec)
             for spike in run.spikes.update(pos.step, train_loss, grad_norm):
                 if world.main:
                     files.log({"kind": "spike", "step": spike["step"], "of": spike["kind"],
