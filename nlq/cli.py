@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.util
 import sys
 
 from nlq import __version__
@@ -26,6 +27,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"nlq {__version__}")
     parser.add_argument("--debug", action="store_true", help="show tracebacks on errors")
+    parser.add_argument("--import", dest="imports", action="append", default=[],
+                        metavar="MODULE|FILE.py",
+                        help="import this first (e.g. a module that calls "
+                             "nlq.model.query.register_query); runs started by this command "
+                             "import it too")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for modname in COMMAND_MODULES:
         mod = importlib.import_module(modname)
@@ -40,10 +46,43 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+IMPORT_ENV = "NLQ_IMPORT"  # how --import reaches the `nlq train` processes a command starts
+
+
+def import_user_modules(names: list[str]) -> None:
+    """Import each module name or .py file, then record them all in NLQ_IMPORT (absolute
+    paths for files) so that child processes import them as well."""
+    import os
+    from pathlib import Path
+
+    inherited = [n for n in os.environ.get(IMPORT_ENV, "").split(os.pathsep) if n]
+    done: list[str] = []
+    for name in dict.fromkeys(inherited + [str(Path(n).resolve()) if n.endswith(".py") else n
+                                           for n in names]):
+        if name.endswith(".py"):
+            path = Path(name).resolve()
+            if not path.is_file():
+                raise NlqError(f"--import {name}: no such file")
+            spec = importlib.util.spec_from_file_location(f"nlq_user_{path.stem}", path)
+            mod = importlib.util.module_from_spec(spec)
+            sys.modules[spec.name] = mod
+            spec.loader.exec_module(mod)
+        else:
+            try:
+                importlib.import_module(name)
+            except ImportError as e:
+                raise NlqError(f"--import {name}: {e}") from None
+        if name not in done:
+            done.append(name)
+    if done:
+        os.environ[IMPORT_ENV] = os.pathsep.join(done)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = build_parser().parse_args(argv)
     try:
+        import_user_modules(args.imports)
         return int(args._run(args) or 0)
     except NlqError as e:
         if args.debug:

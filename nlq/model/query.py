@@ -23,14 +23,25 @@ if TYPE_CHECKING:  # the modules read cfg's fields; importing nlq.config here wo
     from nlq.config import ModelConfig
 
 
+def _plain(cls, cfg, d_model, bias) -> tuple[int, bool]:
+    """(d_model, bias) from a ModelConfig, or from plain arguments when there is none."""
+    if cfg is not None:
+        return cfg.d_model, cfg.bias
+    if d_model is None:
+        raise TypeError(f"{cls.__name__} needs a ModelConfig or d_model=")
+    return int(d_model), bool(bias)
+
+
 class LinearQuery(nn.Module):
     """Q = X W_Q: the standard projection (d^2 parameters)."""
 
     scale_factor = 1.0
 
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig | None = None, *, d_model: int | None = None,
+                 bias: bool = False):
         super().__init__()
-        self.proj = nn.Linear(cfg.d_model, cfg.d_model, bias=cfg.bias)
+        d_model, bias = _plain(type(self), cfg, d_model, bias)
+        self.proj = nn.Linear(d_model, d_model, bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.proj(x)
@@ -41,7 +52,8 @@ class IdentityQuery(nn.Module):
 
     scale_factor = 1.0
 
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig | None = None, *, d_model: int | None = None,
+                 bias: bool = False):
         super().__init__()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -53,9 +65,11 @@ class ResidualQuery(nn.Module):
 
     scale_factor = 1.0
 
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig | None = None, *, d_model: int | None = None,
+                 bias: bool = False):
         super().__init__()
-        self.proj = nn.Linear(cfg.d_model, cfg.d_model, bias=cfg.bias)
+        d_model, bias = _plain(type(self), cfg, d_model, bias)
+        self.proj = nn.Linear(d_model, d_model, bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x + self.proj(x)
@@ -69,19 +83,34 @@ class NonlinearQuery(nn.Module):
     The identity term anchors f to the known-good identity query. With nl_half = "fold"
     forward returns X + f(X) and the 1/2 moves into the attention scale (scale_factor = 0.5),
     as the official code does (scale 1/(2 sqrt(hs))); "explicit" returns (X + f(X)) / 2.
+
+    Built from a ModelConfig (inside nlq's attention) or from plain arguments, e.g.
+    NonlinearQuery(d_model=64) in one's own attention: then half defaults to "explicit", so
+    the module alone returns the paper's Q (no scale elsewhere to fold the 1/2 into).
     """
 
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig | None = None, *, d_model: int | None = None,
+                 rank: int | None = None, bias: bool = False, act: str = "gelu",
+                 in_norm: str = "rmsnorm", out_norm: str = "layernorm", eps: float = 1e-5,
+                 half: str = "explicit"):
         super().__init__()
-        self.in_norm = make_norm(cfg.nl_in_norm, cfg.d_model, cfg.bias, cfg.norm_eps)
-        self.w1 = nn.Linear(cfg.d_model, cfg.rank, bias=cfg.bias)
-        self.act = ACTIVATIONS[cfg.nl_act]()
-        self.w2 = nn.Linear(cfg.rank, cfg.d_model, bias=cfg.bias)
+        d_model, bias = _plain(type(self), cfg, d_model, bias)
+        if cfg is not None:
+            rank, act, half = cfg.rank, cfg.nl_act, cfg.nl_half
+            in_norm, out_norm, eps = cfg.nl_in_norm, cfg.nl_out_norm, cfg.norm_eps
+        rank = d_model // 2 if rank is None else int(rank)
+        if half not in ("fold", "explicit") or act not in ACTIVATIONS:
+            raise ValueError(f"NonlinearQuery: half must be fold or explicit and act one of "
+                             f"{', '.join(ACTIVATIONS)}; got {half!r}, {act!r}")
+        self.in_norm = make_norm(in_norm, d_model, bias, eps)
+        self.w1 = nn.Linear(d_model, rank, bias=bias)
+        self.act = ACTIVATIONS[act]()
+        self.w2 = nn.Linear(rank, d_model, bias=bias)
         # The output norm starts at weight 1, bias 0 (nn defaults): f(X) has zero mean and
         # unit variance per token at init, on the scale of the normalised X (docs/paper.md,
         # "The nonlinear query").
-        self.out_norm = make_norm(cfg.nl_out_norm, cfg.d_model, cfg.bias, cfg.norm_eps)
-        self.explicit_half = cfg.nl_half == "explicit"
+        self.out_norm = make_norm(out_norm, d_model, bias, eps)
+        self.explicit_half = half == "explicit"
         self.scale_factor = 1.0 if self.explicit_half else 0.5
 
     def f(self, x: torch.Tensor) -> torch.Tensor:
@@ -114,6 +143,20 @@ QUERIES: dict[str, type[nn.Module]] = {
     "residual": ResidualQuery,
     "nonlinear": NonlinearQuery,
 }
+
+
+def register_query(name: str, cls: type[nn.Module], replace: bool = False) -> None:
+    """Make `name` a valid model.query: cls(cfg) builds the module from the ModelConfig (the
+    block's normalised input x (B, T, C) -> the query (B, T, C); a `scale_factor` attribute,
+    1.0 if absent, multiplies the attention's logit scale). For `nlq train` / `nlq
+    reproduce`, whose runs are new processes, put the call in a module and pass it with
+    `nlq --import MODULE_OR_FILE ...` (examples/own_query.py)."""
+    if not (isinstance(name, str) and name and isinstance(cls, type)
+            and issubclass(cls, nn.Module)):
+        raise TypeError("register_query(name: str, cls: an nn.Module subclass)")
+    if name in QUERIES and QUERIES[name] is not cls and not replace:
+        raise ValueError(f"query {name!r} is registered already (replace=True to replace it)")
+    QUERIES[name] = cls
 
 
 def make_query(cfg: ModelConfig) -> nn.Module:

@@ -57,7 +57,8 @@ class Attention(nn.Module):
             self.k_norm = RMSNorm(self.hs, cfg.norm_eps)
         base = cfg.attn_scale if cfg.attn_scale is not None else 1.0 / math.sqrt(self.hs)
         base *= cfg.attn_scale_mult  # e.g. the official identity/residual arms' 1/2
-        self.scale = base * self.q.scale_factor  # the folded 1/2 of the nonlinear query
+        # the folded 1/2 of the nonlinear query; a registered variant may have no scale_factor
+        self.scale = base * getattr(self.q, "scale_factor", 1.0)
         self.dropout = cfg.dropout
         self.resid_drop = nn.Dropout(cfg.dropout)
 
