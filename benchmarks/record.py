@@ -34,6 +34,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from nlq.sysinfo import cpu_name
+
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS_DIR = ROOT / "benchmarks" / "results"
 KEYS = ("bench", "date", "commit", "dirty", "command", "hardware", "results")
@@ -58,16 +60,6 @@ def git_state(root: Path = ROOT) -> tuple[str, bool]:
     excludes = [f":(exclude,top){p}" for p in NOT_CODE]
     status = git("status", "--porcelain", "--untracked-files=no", "--", ":/", *excludes)
     return head.stdout.strip(), bool(status.stdout.strip())
-
-
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def hardware() -> dict:

@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 
 from nlq.fsutil import write_atomic
+from nlq.sysinfo import cpu_name
 
 
 def rung_rows(ladder, out: Path) -> list[dict]:
@@ -53,18 +54,6 @@ def _cost(rung_dir: Path) -> dict:
     return {"runs": len(secs), "run_seconds": round(sum(secs))}
 
 
-def _cpu_name() -> str:
-    import platform
-
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def machine() -> dict:
     import os
 
@@ -73,7 +62,7 @@ def machine() -> dict:
     from nlq.experiments.sweep import source_commit
 
     sha, dirty = source_commit()
-    return {"commit": sha, "dirty": dirty, "cpu": _cpu_name(),
+    return {"commit": sha, "dirty": dirty, "cpu": cpu_name(),
             "cpu_count": os.cpu_count(), "torch": torch.__version__,
             "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}
 
