@@ -67,12 +67,14 @@ def sweep_plan(experiment: str, preset: str, arms: list[str] | None, lrs: list[f
 
 
 def source_commit() -> tuple[str | None, bool | None]:
-    """HEAD of the git checkout nlq runs from, and whether its tracked files differ."""
+    """HEAD of the git checkout nlq runs from, and whether its code (nlq/, pyproject.toml)
+    differs from it: committed results or docs being rewritten do not make a run dirty."""
     root = Path(__file__).resolve().parents[2]
     try:
         sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True,
                              text=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--",
+                                "nlq", "pyproject.toml"],
                                cwd=root, capture_output=True, text=True, check=True).stdout
         return sha, bool(dirty.strip())
     except (OSError, subprocess.CalledProcessError):
