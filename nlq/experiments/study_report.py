@@ -71,7 +71,7 @@ def _fmt(x: float | None, spec: str = "+.2f") -> str:
     return "–" if x is None else format(x, spec)
 
 
-def render(rows: list[dict], ladder) -> str:
+def render(rows: list[dict], ladder, m: dict) -> str:
     done = [r for r in rows if r["status"] == "done"]
     arms = [a for a in ladder.arms if any(a in r["arms"] for r in done)] or sorted(
         {a for r in done for a in r["arms"]})
@@ -106,7 +106,6 @@ def render(rows: list[dict], ladder) -> str:
                  f"{r['tokens_per_run'] / 1e6:.1f}M | {n} | {ctrl} | " + " | ".join(cells) + " |")
         costs.append(f"{r['rung']}: {r['cost']['runs']} runs, "
                      f"{r['cost']['run_seconds'] / 3600:.1f} h of training summed over runs")
-    m = machine()
     L += ["", (f"Cost: {'; '.join(costs) or 'nothing run'}. Report written at commit "
           f"{(m['commit'] or 'unknown')[:10]}{' (dirty)' if m['dirty'] else ''} on "
           f"{m['cuda'] or m['cpu']} ({m['cpu_count']} CPUs), torch {m['torch']}.")]
@@ -180,7 +179,7 @@ def build_study_report(ladder, out: Path) -> dict:
     rep = {"experiment": load_name(ladder), "arms": ladder.arms, "machine": machine(),
            "rungs": rows}
     write_atomic(out / "study.json", json.dumps(rep, indent=2) + "\n")
-    write_atomic(out / "study.md", render(rows, ladder))
+    write_atomic(out / "study.md", render(rows, ladder, rep["machine"]))
     draw_scale(rows, out / "scale.png")
     print(f"study: wrote {out / 'study.md'}, {out / 'study.json'}, {out / 'scale.png'}")
     return rep
