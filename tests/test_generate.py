@@ -164,6 +164,8 @@ def test_nlq_sample_bad_input(run, tmp_path):
     (big / "meta.json").write_text(json.dumps(meta))
     assert_user_error(nlq("sample", run, "--data", big), "does not fit the model")
     assert_user_error(nlq("sample", tmp_path / "nowhere"), "does not exist")
+    # a byte that is not UTF-8 on the command line reaches Python as a lone surrogate
+    assert_user_error(nlq("sample", run, "--prompt", "ab\udcffcd"), "--prompt")
 
 
 # -- nlq eval --------------------------------------------------------------------------------

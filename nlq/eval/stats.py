@@ -14,7 +14,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 
-from scipy.stats import t as student_t
+from nlq.extras import need
 
 LEVEL = 0.95
 
@@ -25,7 +25,7 @@ def t_quantile(p: float, df: float) -> float:
         raise ValueError(f"t_quantile: p must be in (0, 1), got {p}")
     if df <= 0:
         raise ValueError(f"t_quantile: df must be positive, got {df}")
-    return float(student_t.ppf(p, df))
+    return float(need("scipy.stats", "a t-interval").t.ppf(p, df))
 
 
 # ---------------------------------------------------------------------------------------

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from nlq.extras import need
 from nlq.fsutil import write_atomic
 from nlq.sysinfo import cpu_name
 
@@ -132,8 +133,7 @@ def load_name(ladder) -> str:
 
 
 def draw_scale(rows: list[dict], path: Path) -> None:
-    import matplotlib
-
+    matplotlib = need("matplotlib", "the scale figure")
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 

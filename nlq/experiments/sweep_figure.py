@@ -5,9 +5,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from nlq.extras import need
+
 
 def draw_sweep(result: dict, path: Path) -> None:
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    FigureCanvasAgg = need("matplotlib.backends.backend_agg", "a figure").FigureCanvasAgg
     from matplotlib.figure import Figure
 
     arms = list(result["results"])

@@ -33,6 +33,11 @@ def run_sample(args) -> int:
     from nlq.model.generate import check_sampling
 
     check_sampling(args.temperature, args.top_k, args.top_p)  # before loading anything
+    try:  # a byte the shell passed undecoded becomes a lone surrogate: no tokenizer takes it
+        args.prompt.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise NlqError(f"--prompt is not valid text: character {e.start} is not UTF-8 "
+                       f"({args.prompt[e.start]!r}; check the terminal's encoding)") from None
     if args.max_new_tokens < 1 or args.num_samples < 1:
         raise NlqError("--max-new-tokens and --num-samples must be >= 1")
     model, data = load_model(args.model)
@@ -88,9 +93,10 @@ def run_eval(args) -> int:
 
 def add_convert_arguments(p) -> None:
     p.add_argument("model", metavar="RUN_DIR|CKPT",
-                   help="a run dir, a checkpoint dir or a saved model folder (a linear decoder)")
-    p.add_argument("--to", default="gpt2", choices=("gpt2",),
-                   help="the format (gpt2: transformers' GPT2LMHeadModel)")
+                   help="a run dir, a checkpoint dir or a saved model folder")
+    p.add_argument("--to", default="gpt2", choices=("gpt2", "hf"),
+                   help="the format: gpt2, transformers' GPT2LMHeadModel (a linear decoder "
+                        "only); hf, model_type 'nlq' (any arm; load it after `import nlq.hf`)")
     p.add_argument("--out", required=True, metavar="DIR", help="the folder written")
     p.add_argument("--data", default=None, metavar="DIR",
                    help="the data dir whose tokenizer goes with it (default: the run's)")
@@ -102,12 +108,19 @@ def run_convert(args) -> int:
 
     model, data = load_model(args.model)
     data = Path(args.data) if args.data else data
-    save_gpt2(model, args.out)
+    if args.to == "hf":
+        from nlq.hf.auto import save_hf
+
+        save_hf(model, args.out)
+    else:
+        save_gpt2(model, args.out)
     what = "model"
     if data is not None and (data / "meta.json").is_file():
         save_tokenizer(data, args.out)
         what = "model and tokenizer"
-    print(f"wrote {args.out}: a GPT-2 {what}; transformers.AutoModelForCausalLM."
+    auto = "AutoModelForMaskedLM" if model.cfg.arch == "encoder" else "AutoModelForCausalLM"
+    kind, first = ("an nlq", "after `import nlq.hf`, ") if args.to == "hf" else ("a GPT-2", "")
+    print(f"wrote {args.out}: {kind} {what}; {first}transformers.{auto}."
           f"from_pretrained({str(args.out)!r}) loads it")
     return 0
 
@@ -116,5 +129,6 @@ COMMANDS = {"sample": ("text from a trained model (temperature, top-k, top-p, se
                        add_sample_arguments, run_sample),
             "eval": (("a trained model's log-loss and perplexity on a whole split, with an "
                       "interval over documents"), add_eval_arguments, run_eval),
-            "convert": ("write a linear decoder as a transformers GPT-2 folder (same logits)",
+            "convert": (("write a model as a transformers folder with the same logits: GPT-2 "
+                         "(a linear decoder) or model_type nlq (any arm)"),
                         add_convert_arguments, run_convert)}
