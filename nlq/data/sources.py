@@ -104,7 +104,7 @@ def _package_dir(module: str) -> Path:
 
     spec = importlib.util.find_spec(module)
     if spec is None or not spec.submodule_search_locations:
-        need(module, "the embedded corpora")  # raises: names the extra that installs it
+        need(module, "an embedded corpus")  # raises: names the extra that installs it
         raise NlqError(f"package {module!r} is installed without its files; reinstall it")
     return Path(next(iter(spec.submodule_search_locations)))
 
