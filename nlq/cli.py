@@ -3,7 +3,7 @@
 
 An NlqError is printed as one line `nlq: error: ...` with exit status 2, and so is an OSError
 that nothing more specific caught (a full disk, a read-only path); --debug shows the
-traceback instead.
+traceback instead. An over-long value or path in the line is cut (nlq.errors.cut_long).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import importlib.util
 import sys
 
 from nlq import __version__
-from nlq.errors import NlqError
+from nlq.errors import NlqError, cut_long, os_error_text
 
 # Packages whose cli module contributes subcommands, in the order `nlq --help` lists them.
 COMMAND_MODULES = ["nlq.data.cli", "nlq.train.cli", "nlq.experiments.cli", "nlq.infer.cli",
@@ -87,15 +87,13 @@ def main(argv: list[str] | None = None) -> int:
     except NlqError as e:
         if args.debug:
             raise
-        print(f"nlq: error: {e}", file=sys.stderr)
+        print(f"nlq: error: {cut_long(str(e))}", file=sys.stderr)
         return 2
     except OSError as e:  # a full disk, a read-only or missing path that no handler named
         if args.debug:
             raise
-        where = f" ({e.filename})" if e.filename else ""
-        print(f"nlq: error: {e.strerror or e}{where}: free space, fix the path or its "
-              f"permissions and run the command again (--debug shows where it happened)",
-              file=sys.stderr)
+        print(f"nlq: error: {cut_long(os_error_text(e))}, then run the command again "
+              f"(--debug shows where it happened)", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("nlq: interrupted", file=sys.stderr)

@@ -6,12 +6,17 @@ import json
 import math
 
 import pytest
-from helpers import make_data, metrics, nlq, ok, snapshot
+from helpers import assert_user_error, make_data, metrics, nlq, ok, snapshot
 
 from nlq.config import load_config
 from nlq.errors import NlqError
 from nlq.eval.stats import mean_ci, paired
-from nlq.experiments.experiment import experiment_toml, load_experiment, shipped_experiments
+from nlq.experiments.experiment import (
+    experiment_arms,
+    experiment_toml,
+    load_experiment,
+    shipped_experiments,
+)
 
 EXPERIMENT = """
 name = "mini"
@@ -71,6 +76,21 @@ def test_experiment_arm_names_come_from_arms_toml(tmp_path):
     p.write_text('arms = ["linear", "nonlinear"]\nhypothesis = "paper"\n')
     with pytest.raises(NlqError, match="names arm 'linear\\+12.5%'"):
         load_experiment(p)
+
+
+def test_a_set_that_the_experiment_would_undo_is_refused(tmp_path):
+    """--set train.max_steps=8 under a [base] that sets 6 (or a key an arm's recipe sets) would
+    run 6 steps silently: one error naming the key and who sets it, nothing written."""
+    out = tmp_path / "out"
+    for key, who in (("train.max_steps=8", "[base]"), ('model.query="identity"', "nonlinear")):
+        exp, sets = mini_setting(tmp_path)
+        p = nlq("reproduce", "--experiment", exp, "--seeds", "2", "--out", out, *sets,
+                "--set", key)
+        assert_user_error(p, key.split("=")[0], who)
+        assert not out.exists()
+    exp, sets = mini_setting(tmp_path)  # the same value as [base]: nothing undone, allowed
+    arms = experiment_arms(load_experiment(exp), "tiny", {"train.max_steps": 6})
+    assert {c.train.max_steps for c in arms.values()} == {6}
 
 
 @pytest.fixture(scope="module")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import sys
 
 import helpers
 import pytest
@@ -176,7 +177,9 @@ CASES = {
     "train.fused_adamw": (False, check_fused),
     "train.test_eval": (False, check_test_eval),
 }
-ELSEWHERE = {"objective", "mlm_prob", "prefix_frac", "device", "compile", "parallel"}
+ELSEWHERE = {"objective", "mlm_prob", "prefix_frac", "device", "compile", "parallel",
+             "wandb_project",  # below
+             "init_from"}  # tests/test_init_from.py
 
 
 def test_every_key_is_tested():
@@ -334,3 +337,44 @@ def test_without_a_bar_a_run_prints_plain_lines_and_logs_peak_memory(data, tmp_p
     assert len(rows) == 100 and all(r["peak_mem_mb"] > 0 for r in rows)
     last = rows[-1]
     assert f"loss {last['loss']:.4f}" in lines[-1]
+
+
+class FakeWandb:
+    """Stands in for the wandb package: records what a run sends it."""
+
+    def __init__(self):
+        self.inits, self.rows, self.finished = [], [], 0
+
+    def init(self, **kw):
+        self.inits.append(kw)
+        return self
+
+    def log(self, values, step):
+        self.rows.append((step, values))
+
+    def finish(self):
+        self.finished += 1
+
+
+def test_wandb_mirrors_every_metrics_row(data, tmp_path, monkeypatch):
+    fake = FakeWandb()
+    monkeypatch.setitem(sys.modules, "wandb", fake)
+    cfg = tiny_config(data, **{"train.wandb_project": "nlq-test"})
+    train(cfg, tmp_path / "run", progress=False)
+    rows = helpers.metrics(tmp_path / "run")
+    assert [step for step, _ in fake.rows] == [r["step"] for r in rows]
+    for (_, values), r in zip(fake.rows, rows):
+        assert values == {f"{r['kind']}/{k}": v for k, v in r.items()
+                          if k not in ("kind", "step") and isinstance(v, (int, float))}
+    (init,) = fake.inits
+    assert init["project"] == "nlq-test" and init["resume"] == "allow"
+    assert init["id"] == (tmp_path / "run" / "wandb_id").read_text().strip()
+    assert init["config"] == cfg.to_dict() and fake.finished == 1
+
+
+def test_wandb_asked_for_but_not_installed_is_one_error(data, tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "wandb", None)  # import wandb raises ImportError
+    cfg = tiny_config(data, **{"train.wandb_project": "p"})
+    with pytest.raises(NlqError, match=r"train.wandb_project.*nlq\[wandb\]"):
+        train(cfg, tmp_path / "run", progress=False)
+    assert not (tmp_path / "run").exists()

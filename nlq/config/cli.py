@@ -29,6 +29,8 @@ def field_docs(cls: type) -> dict[str, str]:
 def _toml_value(value) -> str:
     if value is None:
         return "unset"  # TOML has no null: an unset Optional is an absent key
+    if isinstance(value, dict):  # an inline table, e.g. {} for model.query_args
+        return "{" + ", ".join(f"{k} = {_toml_value(v)}" for k, v in value.items()) + "}"
     return tomli_w.dumps({"v": value}).strip().removeprefix("v = ")
 
 
@@ -40,7 +42,8 @@ def doc_lines() -> list[str]:
         for f in dataclasses.fields(cls):
             tp = f.type if isinstance(f.type, str) else f.type.__name__
             doc = " ".join(docs[f.name].split())
-            lines.append(f"{sec}.{f.name} ({tp}, {_toml_value(f.default)}): {doc}")
+            default = f.default_factory() if f.default is dataclasses.MISSING else f.default
+            lines.append(f"{sec}.{f.name} ({tp}, {_toml_value(default)}): {doc}")
     return lines
 
 

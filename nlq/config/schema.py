@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import typing
 from dataclasses import dataclass, field
 from typing import Any
 
 import tomli_w
 
+from nlq.config.table import Table
 from nlq.config.validate import build_section, validate, validate_model
 from nlq.errors import NlqError
 
@@ -68,6 +70,12 @@ class ModelConfig:
     query: str = "linear"
     """Query variant, a name in nlq.model.query.QUERIES: linear | identity | residual |
     nonlinear (docs/paper.md, "The nonlinear query" and "The other arms")."""
+    query_args: dict[str, Any] = field(default_factory=Table)
+    """A registered variant's own settings, the TOML table [model.query_args] (name = bool,
+    int, float or string; `--set model.query_args.NAME=VALUE`): the query module is built as
+    QUERIES[query](cfg, **query_args). A name that is no keyword parameter of the class's
+    __init__ after cfg is an error when the config loads, as is a required one left out.
+    The built-in queries take none: their settings are [model] keys (model.nl_rank, ...)."""
     attn_scale: float | None = None
     """Attention logit scale > 0; None means 1/sqrt(head_dim). A query variant may multiply it
     (the nonlinear query with nl_half = "fold" multiplies it by 1/2, as the official code;
@@ -98,6 +106,10 @@ class ModelConfig:
     init_std: float = 0.02
     """Std of the normal init of weights and embeddings; the residual output projections get
     init_std / sqrt(2 n_layer) (GPT-2, nanoGPT)."""
+
+    def __post_init__(self):
+        # a dict given in code becomes a read-only Table: the config stays frozen, hashable
+        object.__setattr__(self, "query_args", Table(self.query_args))
 
     @property
     def head_dim(self) -> int:
@@ -168,6 +180,16 @@ class TrainConfig:
     """How many of the newest checkpoints stay on disk; older ones are deleted."""
     seed: int = 1337
     """Model init (and dropout/masking) seed; the data order has its own seed (data.seed)."""
+    init_from: str | None = None
+    """Start from another model's weights (a path, relative to the working directory): an nlq
+    run dir (its newest checkpoint that verifies), a checkpoint dir (RUN/ckpt/step_N), a
+    save_pretrained folder, or a Hugging Face GPT-2 folder (config.json with model_type
+    "gpt2", model.safetensors or pytorch_model.bin). Tensors whose name and shape match are
+    copied; the model's others keep their fresh init from train.seed (e.g. the nonlinear
+    query's f when the source is linear, whose attn.q.proj is dropped); a shared name with
+    another shape (another d_model, vocab_size, ...) is an error naming the tensor. Applied
+    at step 0 only: a resumed run continues from its own checkpoint. The resolved path and
+    the weights file's sha256 go into the meta row of metrics.jsonl. None: the fresh init."""
     device: str = "auto"
     """auto | cpu | cuda | cuda:N."""
     precision: str = "auto"
@@ -193,6 +215,10 @@ class TrainConfig:
     (summary.json: test_loss, test_ppl, test_tokens, test_docs; test_docs.json: nats and
     tokens per document), the numbers a report compares. Needs a data dir with a test split
     (`nlq prepare` writes one by default)."""
+    wandb_project: str | None = None
+    """Also log every metrics row to this Weights & Biases project (needs the wandb extra;
+    credentials and WANDB_MODE from the environment). None: no W&B. metrics.jsonl stays the
+    record reports read; a resumed run continues its W&B run (RUN/wandb_id)."""
 
     @property
     def warmup(self) -> int:
@@ -233,6 +259,10 @@ class Config:
 
 # section name -> its dataclass, in file order
 SECTIONS: dict[str, type] = {f.name: f.default_factory for f in dataclasses.fields(Config)}
+# section name -> its fields that are tables of settings (`--set section.field.name=value`)
+TABLES: dict[str, set[str]] = {
+    sec: {k for k, tp in typing.get_type_hints(cls).items() if typing.get_origin(tp) is dict}
+    for sec, cls in SECTIONS.items()}
 
 
 def _section_dict(obj) -> dict:
@@ -240,8 +270,10 @@ def _section_dict(obj) -> dict:
 
 
 def _drop_none(d: dict) -> dict:
-    """TOML has no null: an unset Optional is written as an absent key (its default)."""
-    return {k: (_drop_none(v) if isinstance(v, dict) else v) for k, v in d.items() if v is not None}
+    """TOML has no null: an unset Optional is written as an absent key (its default), as is
+    an empty table (model.query_args)."""
+    return {k: (_drop_none(v) if isinstance(v, dict) else v) for k, v in d.items()
+            if v is not None and v != {}}
 
 
 def from_dict(d: dict) -> Config:
@@ -275,19 +307,26 @@ def model_config_from_dict(raw: dict) -> ModelConfig:
 
 
 def apply_overrides(d: dict, overrides: dict[str, Any]) -> dict:
-    """d with dotted keys set; an override to an unknown key is an error naming it."""
+    """d with dotted keys set; an override to an unknown key is an error naming it. A key
+    inside a table field has three parts (model.query_args.rank)."""
     d = json.loads(json.dumps(d))  # deep copy of plain data
     for key, value in overrides.items():
         parts = key.split(".")
-        if len(parts) != 2 or parts[0] not in SECTIONS:
+        if len(parts) not in (2, 3) or parts[0] not in SECTIONS:
             raise NlqError(
                 f"unknown config key '{key}' (use section.key with section one of "
                 f"{', '.join(SECTIONS)})"
             )
-        sec, name = parts
+        sec, name = parts[:2]
         known = {f.name for f in dataclasses.fields(SECTIONS[sec])}
         if name not in known:
             raise NlqError(f"unknown config key '{key}' (known keys of [{sec}]: "
                            f"{', '.join(sorted(known))})")
-        d.setdefault(sec, {})[name] = value
+        if len(parts) == 2:
+            d.setdefault(sec, {})[name] = value
+        elif name in TABLES[sec]:
+            table = d.setdefault(sec, {}).get(name)
+            d[sec][name] = {**(table if isinstance(table, dict) else {}), parts[2]: value}
+        else:
+            raise NlqError(f"unknown config key '{key}' ({sec}.{name} is not a table)")
     return d

@@ -3,21 +3,43 @@
 Every error is an NlqError that names the key (`section.key`) and the value. The string
 choices of the model's pluggable parts come from their registries (nlq.model.query.QUERIES,
 nlq.model.layers.NORMS and ACTIVATIONS), so a new variant needs no edit here. This module
-imports no other part of nlq.config: the schema imports it.
+imports no other part of nlq.config but table.py: the schema imports it.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
+import os
 import types
 import typing
 from typing import TYPE_CHECKING, Any
 
-from nlq.errors import NlqError
+from nlq.config.table import check_table
+from nlq.errors import NlqError, short
 
 if TYPE_CHECKING:
-    from nlq.config.schema import Config, ModelConfig, TrainConfig
+    from nlq.config.schema import Config, DataConfig, ModelConfig, TrainConfig
+
+# The range of every integer key, (lowest, highest). Sizes stay below 2^31: a tensor
+# dimension, and far beyond any memory long before that (nlq/train/memory.py refuses what
+# does not fit this machine). Seeds are what numpy's SeedSequence takes (non-negative) and a
+# TOML integer holds (64-bit); any other integer key must fit in 64 bits as well.
+SIZE = (1, 2**31 - 1)
+INT64 = (-(2**63), 2**63 - 1)
+INT_RANGES: dict[str, tuple[int, int]] = {
+    **{f"model.{k}": SIZE for k in ("vocab_size", "block_size", "n_layer", "n_head", "n_kv_head",
+                                    "d_model", "mlp_hidden", "nl_rank")},
+    **{f"train.{k}": SIZE for k in ("micro_batch", "grad_accum", "eval_batches")},
+    **{f"train.{k}": (1, 2**63 - 1) for k in ("max_steps", "eval_interval", "log_interval",
+                                              "ckpt_interval", "keep_checkpoints")},
+    "train.warmup_steps": (0, 2**63 - 1),
+    "train.seed": (0, 2**63 - 1),
+    "data.seed": (0, 2**63 - 1),
+}
+# Linux's limits on a path and on one of its components, in bytes (PATH_MAX, NAME_MAX)
+PATH_MAX, NAME_MAX = 4095, 255
 
 
 def check_type(key: str, value: Any, tp: Any) -> Any:
@@ -28,6 +50,8 @@ def check_type(key: str, value: Any, tp: Any) -> Any:
         if value is None:
             return None
         return check_type(key, value, args[0])
+    if origin is dict:  # a TOML table of settings (model.query_args)
+        return check_table(key, value)
     if tp is bool:
         if isinstance(value, bool):
             return value
@@ -43,7 +67,8 @@ def check_type(key: str, value: Any, tp: Any) -> Any:
     else:  # pragma: no cover - a field type we do not support is a programming error
         raise TypeError(f"unsupported config type {tp} for {key}")
     name = getattr(tp, "__name__", str(tp))
-    raise NlqError(f"config key '{key}' must be {name}, got {value!r} ({type(value).__name__})")
+    raise NlqError(f"config key '{key}' must be {name}, got {short(value)} "
+                   f"({type(value).__name__})")
 
 
 def build_section(name: str, cls: type, raw: dict) -> Any:
@@ -62,7 +87,7 @@ def build_section(name: str, cls: type, raw: dict) -> Any:
 
 def _choice(key: str, value: str, allowed) -> None:
     if value not in allowed:
-        raise NlqError(f"config key '{key}' = {value!r} is not one of {', '.join(allowed)}")
+        raise NlqError(f"config key '{key}' = {short(value)} is not one of {', '.join(allowed)}")
 
 
 def _positive(key: str, value: float, allow_zero: bool = False) -> None:
@@ -71,6 +96,42 @@ def _positive(key: str, value: float, allow_zero: bool = False) -> None:
     if value < 0 or (value == 0 and not allow_zero):
         need = "non-negative" if allow_zero else "positive"
         raise NlqError(f"config key '{key}' must be {need}, got {value!r}")
+
+
+@functools.cache
+def _int_fields(cls: type) -> tuple[str, ...]:
+    """The fields of a section whose type is int or int | None."""
+    hints = typing.get_type_hints(cls)
+    return tuple(f.name for f in dataclasses.fields(cls)
+                 if hints[f.name] is int or int in typing.get_args(hints[f.name]))
+
+
+def check_ints(section: str, obj: Any) -> None:
+    """Every integer key of a section within its range (INT_RANGES; 64 bits for the rest)."""
+    for name in _int_fields(type(obj)):
+        key, value = f"{section}.{name}", getattr(obj, name)
+        lo, hi = INT_RANGES.get(key, INT64)
+        if value is not None and not lo <= value <= hi:
+            top = "2**31 - 1" if hi == SIZE[1] else "2**63 - 1" if hi == INT64[1] else hi
+            raise NlqError(f"config key '{key}' must be an integer in [{lo}, {top}], got "
+                           f"{short(value)}")
+
+
+def check_path(key: str, value: str) -> None:
+    """A path that no file system call can take is an error naming the key: too long as a
+    whole or in one component, or with a NUL byte (caught here, it is not reported later as
+    an I/O error of another file)."""
+    if "\0" in value:
+        raise NlqError(f"config key '{key}' = {short(value)} contains a NUL character")
+    b = os.fsencode(value)
+    if len(b) > PATH_MAX:
+        raise NlqError(f"config key '{key}' = {short(value)}: path too long ({len(b)} bytes; "
+                       f"the limit is {PATH_MAX})")
+    part = max(b.split(b"/"), key=len)
+    if len(part) > NAME_MAX:
+        raise NlqError(f"config key '{key}' = {short(value)}: path too long (a name in it of "
+                       f"{len(part)} bytes, {short(os.fsdecode(part), 40)}; the limit is "
+                       f"{NAME_MAX})")
 
 
 def _divisible(key: str, value: int, by_key: str, by: int) -> None:
@@ -83,25 +144,20 @@ def validate_model(m: ModelConfig) -> None:
     # Imported here, not at the top: importing nlq.config (the schema, `nlq config --doc`)
     # does not load torch.
     from nlq.model.layers import ACTIVATIONS, NORMS
-    from nlq.model.query import QUERIES
+    from nlq.model.query import QUERIES, check_query_args
 
+    check_ints("model", m)
     _choice("model.arch", m.arch, ("decoder", "encoder", "prefix"))
     _choice("model.pos_emb", m.pos_emb, ("learned", "rope", "none"))
     _choice("model.query", m.query, tuple(QUERIES))
+    check_query_args(m.query, m.query_args)
     _choice("model.nl_act", m.nl_act, tuple(ACTIVATIONS))
     _choice("model.nl_in_norm", m.nl_in_norm, tuple(NORMS))
     _choice("model.nl_out_norm", m.nl_out_norm, tuple(NORMS))
     _choice("model.nl_half", m.nl_half, ("fold", "explicit"))
-    for k in ("vocab_size", "block_size", "n_layer", "n_head", "d_model"):
-        _positive(f"model.{k}", getattr(m, k))
     _divisible("model.d_model", m.d_model, "model.n_head", m.n_head)
     if m.n_kv_head is not None:
-        _positive("model.n_kv_head", m.n_kv_head)
         _divisible("model.n_head", m.n_head, "model.n_kv_head", m.n_kv_head)
-    if m.mlp_hidden is not None:
-        _positive("model.mlp_hidden", m.mlp_hidden)
-    if m.nl_rank is not None and m.nl_rank < 1:
-        raise NlqError(f"config key 'model.nl_rank' must be >= 1, got {m.nl_rank}")
     if m.pos_emb == "rope" and m.head_dim % 2:
         raise NlqError(f"model.pos_emb = 'rope' needs an even head_dim, got {m.head_dim}")
     if m.attn_scale is not None:
@@ -116,15 +172,13 @@ def validate_model(m: ModelConfig) -> None:
 
 def validate_train(t: TrainConfig) -> None:
     """Impossible [train] values are errors that name the key and the value."""
-    for k in ("micro_batch", "grad_accum", "max_steps", "eval_interval", "eval_batches",
-              "log_interval", "ckpt_interval", "keep_checkpoints"):
-        _positive(f"train.{k}", getattr(t, k))
+    check_ints("train", t)
+    if getattr(t, "init_from", None) is not None:
+        check_path("train.init_from", t.init_from)
     for k in ("lr", "eps"):
         _positive(f"train.{k}", getattr(t, k))
     for k in ("min_lr", "weight_decay", "grad_clip"):
         _positive(f"train.{k}", getattr(t, k), allow_zero=True)
-    if t.warmup_steps is not None:
-        _positive("train.warmup_steps", t.warmup_steps, allow_zero=True)
     if t.min_lr > t.lr:
         raise NlqError(f"config key 'train.min_lr' = {t.min_lr} is above train.lr = {t.lr}")
     for k in ("beta1", "beta2"):
@@ -139,7 +193,14 @@ def validate_train(t: TrainConfig) -> None:
     _choice("train.objective", t.objective, ("auto", "clm", "mlm"))
     _choice("train.parallel", t.parallel, ("ddp", "fsdp"))
     if not (t.device in ("auto", "cpu", "cuda") or t.device.startswith("cuda:")):
-        raise NlqError(f"config key 'train.device' = {t.device!r} is not auto, cpu or cuda[:N]")
+        raise NlqError(f"config key 'train.device' = {short(t.device)} is not auto, cpu or "
+                       f"cuda[:N]")
+
+
+def validate_data(d: DataConfig) -> None:
+    """Impossible [data] values are errors that name the key and the value."""
+    check_ints("data", d)
+    check_path("data.dir", d.dir)
 
 
 def validate(cfg: Config) -> None:
@@ -147,11 +208,19 @@ def validate(cfg: Config) -> None:
     m = cfg.model
     validate_model(m)
     validate_train(cfg.train)
+    validate_data(cfg.data)
     obj = objective(cfg)
     if obj == "mlm" and m.arch != "encoder":
         raise NlqError(f"train.objective = 'mlm' needs model.arch = 'encoder', got {m.arch!r}")
     if obj == "clm" and m.arch == "encoder":
         raise NlqError("train.objective = 'clm' needs a causal model.arch (decoder or prefix)")
+    masked = cfg.train.mlm_prob * m.block_size * cfg.train.micro_batch
+    if obj == "mlm" and masked < 1:
+        # fewer than one target per micro-batch on average: many micro-batches would have
+        # none at all, and nothing to learn from
+        raise NlqError(f"config key 'train.mlm_prob' = {cfg.train.mlm_prob!r} masks "
+                       f"{masked:.3g} tokens per micro-batch on average (train.mlm_prob x "
+                       f"model.block_size x train.micro_batch), fewer than 1: raise it")
 
 
 def objective(cfg: Config) -> str:

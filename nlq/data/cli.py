@@ -6,7 +6,10 @@ import sys
 
 # Defaults live in nlq.data.prepare; repeated here as strings so `nlq --help` stays light.
 _SOURCES = "embedded (Shakespeare, default), embedded:kjv, embedded:all, hf:NAME[:CONFIG], " \
-           "or a .txt/.jsonl/.parquet file, folder or glob"
+           "or a .txt/.jsonl/.parquet file, folder or glob (symlinks followed, loops and " \
+           "duplicate files skipped). Text must be UTF-8: invalid bytes or an unpaired " \
+           "surrogate escape such as \\ud800 in JSON is an error naming the file (and line) " \
+           "(never replaced)"
 
 
 def add_arguments(p) -> None:
@@ -15,15 +18,16 @@ def add_arguments(p) -> None:
                    help="gpt2 (GPT-2 BPE via tiktoken, offline) or bpe:N (byte-level BPE of "
                         "vocab N trained on the train split); default bpe:8192")
     p.add_argument("--out", default=None, metavar="DIR",
-                   help="output folder (default data/<source>-<tokenizer>, e.g. "
-                        "data/embedded-bpe8192)")
+                   help="output folder: new, empty or an earlier nlq prepare output (default "
+                        "data/<source>-<tokenizer>, e.g. data/embedded-bpe8192)")
     p.add_argument("--val-fraction", type=float, default=None, metavar="F",
                    help="fraction of documents held out for validation (default 0.05; "
                         "0.0005 for hf:openwebtext, as in the paper)")
     p.add_argument("--test-fraction", type=float, default=None, metavar="F",
                    help="fraction of documents held out as the test split, on which reports "
                         "are computed (default: the val fraction; 0: no test split)")
-    p.add_argument("--seed", type=int, default=2357, help="split seed (default 2357, the paper's)")
+    p.add_argument("--seed", type=int, default=2357,
+                   help="split seed in [0, 2**63 - 1] (default 2357, the paper's)")
     p.add_argument("--workers", type=int, default=None, metavar="N",
                    help="tokenizer processes (default: all cores)")
     p.add_argument("--force", action="store_true",
@@ -33,12 +37,17 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
-    from nlq.data.prepare import prepare
+    from nlq.data.prepare import default_out, prepare
 
-    prepare(source=args.source, tokenizer=args.tokenizer, out=args.out,
-            val_fraction=args.val_fraction,
-            test_fraction=args.test_fraction, seed=args.seed, workers=args.workers,
-            force=args.force, text_field=args.text_field, command=["nlq", *sys.argv[1:]])
+    out = args.out or default_out(args.source, args.tokenizer)
+    try:
+        prepare(source=args.source, tokenizer=args.tokenizer, out=out,
+                val_fraction=args.val_fraction,
+                test_fraction=args.test_fraction, seed=args.seed, workers=args.workers,
+                force=args.force, text_field=args.text_field, command=["nlq", *sys.argv[1:]])
+    except KeyboardInterrupt:  # prepare removed what it wrote (its workers ignore Ctrl-C)
+        print(f"nlq: interrupted; {out} left as before", file=sys.stderr)
+        return 130
     return 0
 
 

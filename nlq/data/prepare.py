@@ -10,7 +10,11 @@ recipe"; the test split is as large as val by default). The same input and seed 
 byte-identical shards, whatever --workers is.
 
 Crash safety: the shards are written as *.tmp files and moved into place with meta.json last
-(nlq/data/shards.py), so an interrupted or failed run never leaves a folder that looks complete.
+(nlq/data/shards.py), so an interrupted or failed run never leaves a folder that looks complete;
+Ctrl-C (or a failure) before that leaves DIR as it was, and a run killed outright leaves only
+*.tmp files, which the next run there removes. DIR must be new, empty or an nlq data dir (a
+folder of other files is refused: its train.bin would be someone else's), and a lock file in it
+(removed at the end) stops a second `nlq prepare` from writing there at the same time.
 """
 
 from __future__ import annotations
@@ -19,7 +23,9 @@ import contextlib
 import json
 import multiprocessing as mp
 import os
+import signal
 import sys
+import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -33,6 +39,7 @@ from nlq.data.schedule import TokenData
 from nlq.data.shards import ShardWriter, commit
 from nlq.data.split import PARTS, TRAIN, Split, split_docs
 from nlq.errors import NlqError
+from nlq.fsutil import Locked, lock, unlock
 
 DEFAULT_SOURCE = "embedded"
 DEFAULT_TOKENIZER = "bpe:8192"  # the tiny preset reads data/embedded-bpe8192
@@ -47,6 +54,10 @@ TASK_CHARS = 1 << 18  # characters of text per worker task: small enough to bala
 # The arguments that determine the output: a finished folder with other values is not redone
 # (or overwritten) without --force.
 ARG_KEYS = ("source", "tokenizer", "val_fraction", "test_fraction", "seed", "text_field")
+MAX_SEED = 2**63 - 1  # as train.seed and data.seed: any int64 >= 0 (numpy takes no negative)
+LOCK = ".nlq-prepare.lock"
+# what a run killed outright leaves in DIR (with the lock file); the next run removes them
+TMP_NAMES = (*(f"{name}.bin.tmp" for name in PARTS), "tokenizer.json.tmp", ".meta.json.tmp")
 
 
 def default_val_fraction(source: str) -> float:
@@ -90,7 +101,23 @@ def _tokenizer(spec: str, path: str | None) -> tokenizers.Tokenizer:
     return _worker_tok[key]
 
 
+@contextlib.contextmanager
+def sigint_ignored():
+    """Ctrl-C is ignored inside: while a pool forks its workers (they inherit it, so only
+    this process answers Ctrl-C: no traceback from every worker) and while commit renames
+    files (stopping between two renames would leave neither the old output nor the new)."""
+    if threading.current_thread() is not threading.main_thread():  # signal needs the main one
+        yield
+        return
+    before = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, before)
+
+
 def _init_worker(spec: str, path: str | None) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # also in a worker the pool starts later
     # gpt2: load now, while the parent is still reading the corpus. A pool respawns a worker
     # whose initializer raises, forever, so a failure is left for the first task to raise.
     if path is None:
@@ -122,7 +149,8 @@ def encode_task(job: tuple, batch: list):
 def encode_all(job: tuple, task_iter: Iterator[list], workers: int,
                pool=None) -> Iterator[tuple]:
     """encode_task over all tasks, results in task order. With a pool, at most 4 tasks per
-    worker are in flight, so a streamed corpus never sits in memory."""
+    worker are in flight, so a streamed corpus never sits in memory and stopping early (an
+    error, Ctrl-C) waits for those few only."""
     if pool is None:
         for batch in task_iter:
             yield encode_task(job, batch)
@@ -143,7 +171,8 @@ def make_pool(workers: int, spec: str, path: str | None):
     before = os.environ.get("TOKENIZERS_PARALLELISM")
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
     try:
-        return mp.get_context(method).Pool(workers, _init_worker, (spec, path))
+        with sigint_ignored():
+            return mp.get_context(method).Pool(workers, _init_worker, (spec, path))
     finally:
         if before is None:
             del os.environ["TOKENIZERS_PARALLELISM"]
@@ -152,6 +181,29 @@ def make_pool(workers: int, spec: str, path: str | None):
 
 
 # ---------------------------------------------------------------- an earlier output
+
+def _check_ours(out: Path) -> None:
+    """Refuse a folder of other files: its train.bin or tokenizer.json would be replaced.
+    nlq's own are empty, hold a data dir's meta.json, or hold the lock file (a prepare runs
+    there, or was killed there)."""
+    names = {p.name for p in out.iterdir()}
+    if not names or LOCK in names:
+        return
+    with contextlib.suppress(OSError, ValueError):  # ValueError: not JSON, not UTF-8
+        meta = json.loads((out / "meta.json").read_text())
+        if isinstance(meta, dict) and {"tokenizer", "vocab_size", "dtype"} <= meta.keys():
+            return
+    raise NlqError(f"--out {out} holds other files and is not an nlq data dir (no meta.json "
+                   f"from nlq prepare): nothing was written; choose a new or empty folder")
+
+
+def _lock(out: Path) -> int:
+    try:
+        return lock(out / LOCK)
+    except Locked as e:
+        raise NlqError(f"{out} is being written by another nlq prepare (pid {e.pid}); wait for "
+                       f"it to finish or choose another --out") from None
+
 
 def _existing(out: Path, args: dict) -> dict | None:
     """meta of a finished output made with the same args; None if there is nothing finished
@@ -193,6 +245,8 @@ def prepare(source: str = DEFAULT_SOURCE, tokenizer: str = DEFAULT_TOKENIZER,
     if not 0.0 <= test_fraction < 1.0 or val_fraction + test_fraction >= 1.0:
         raise NlqError(f"--test-fraction {test_fraction} must be in [0, 1) and leave a train "
                        f"split beside --val-fraction {val_fraction}")
+    if not 0 <= seed <= MAX_SEED:
+        raise NlqError(f"--seed {seed} must be in [0, 2**63 - 1]")
     if workers is None:
         workers = (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
                    else os.cpu_count() or 1)
@@ -203,24 +257,61 @@ def prepare(source: str = DEFAULT_SOURCE, tokenizer: str = DEFAULT_TOKENIZER,
             "test_fraction": test_fraction, "seed": seed, "text_field": text_field}
     if out.exists() and not out.is_dir():
         raise NlqError(f"--out {out} exists and is not a folder")
-    if not force:
-        done = _existing(out, args)
+    # the folders this run creates (out and missing parents), removed again if left empty
+    created = [d for d in (out, *out.parents) if not d.exists()]
+    held = None
+    try:
+        if not created:
+            _check_ours(out)
+        out.mkdir(parents=True, exist_ok=True)
+        held = _lock(out)
+        for name in TMP_NAMES:  # left by a run that was killed outright
+            (out / name).unlink(missing_ok=True)
+        done = None if force else _existing(out, args)
         if done is not None:
             log(f"{out}: already prepared ({done['train_tokens']:,} train / "
                 f"{done['val_tokens']:,} val tokens); nothing to do (--force redoes it)")
             return done
+        meta = _write(out, args, workers, command, log, progress)
+    except OSError as e:  # a full disk, a read-only --out
+        where = f" ({e.filename})" if e.filename else ""
+        raise NlqError(f"nlq prepare into {out} failed: {e.strerror or e}{where}; its "
+                       f"temporary files are removed: free space or choose another --out, "
+                       f"then run it again") from None
+    finally:
+        # the cleanup must not hide the error: on a read-only disk even unlinking fails
+        if held is not None:
+            unlock(out / LOCK, held)
+        with contextlib.suppress(OSError):  # OSError: not empty (or a read-only disk)
+            for d in created:
+                d.rmdir()
+    note = "" if kind == "gpt2" or meta["vocab_size"] == bpe_vocab else \
+        f" (the text supports only {meta['vocab_size']} of the {bpe_vocab} requested)"
+    log(f"{out}: {meta['train_tokens']:,} train tokens ({meta['train_docs']} docs), "
+        f"{meta['val_tokens']:,} val tokens ({meta['val_docs']} docs), "
+        f"{meta.get('test_tokens', 0):,} test tokens ({meta.get('test_docs', 0)} docs), vocab "
+        f"{meta['vocab_size']}{note}, {meta['dtype']}, {meta['text_bytes'] / 1e6:.1f} MB of "
+        f"text in {time.perf_counter() - t0:.1f} s")
+    return meta
 
-    created = not out.exists()
+
+def _write(out: Path, args: dict, workers: int, command: list[str] | None,
+           log: Callable[[str], None], progress: bool | None) -> dict:
+    """Tokenize into DIR (locked by the caller) and commit; on any error or Ctrl-C, remove
+    what this run wrote and leave DIR as it was."""
+    source, tokenizer, seed = args["source"], args["tokenizer"], args["seed"]
+    kind, bpe_vocab = tokenizers.parse_spec(tokenizer)
+    val_fraction, test_fraction = args["val_fraction"], args["test_fraction"]
     tok_tmp = out / "tokenizer.json.tmp"
     tok_path = str(tok_tmp) if kind == "bpe" else None
     writers: list[ShardWriter] = []
-    # Workers start first, so they load gpt2 while this process opens the corpus (a bpe:N
-    # tokenizer loads on their first task, once trained).
-    pool = make_pool(workers, tokenizer, tok_path) if workers > 1 else None
+    pool = None
     try:
-        src = sources.open_source(source, text_field)
+        # Workers start first, so they load gpt2 while this process opens the corpus (a bpe:N
+        # tokenizer loads on their first task, once trained).
+        pool = make_pool(workers, tokenizer, tok_path) if workers > 1 else None
+        src = sources.open_source(source, args["text_field"])
         split = Split(seed, val_fraction, test_fraction, src.n_docs, source)
-        out.mkdir(parents=True, exist_ok=True)
         if kind == "bpe":
             log(f"training byte-level BPE of vocab {bpe_vocab} on the train split of {source}")
             tokenizers.train_bpe((t for t, p in split_docs(src.docs(), split) if p == TRAIN),
@@ -231,7 +322,8 @@ def prepare(source: str = DEFAULT_SOURCE, tokenizer: str = DEFAULT_TOKENIZER,
             _worker_tok.clear()
             _worker_tok[(tokenizer, tok_path)] = tok
         names = PARTS if test_fraction > 0 else PARTS[:2]
-        writers = [ShardWriter(out / f"{name}.bin") for name in names]
+        for name in names:
+            writers.append(ShardWriter(out / f"{name}.bin"))
         counts = write_shards(src, split, tok, (tokenizer, tok_path), writers, pool, workers,
                               progress)
         if pool is not None:
@@ -257,39 +349,32 @@ def prepare(source: str = DEFAULT_SOURCE, tokenizer: str = DEFAULT_TOKENIZER,
             "nlq_version": __version__,
             "command": command if command is not None else ["nlq", *sys.argv[1:]],
             "seed": seed, "val_fraction": val_fraction, "test_fraction": test_fraction,
-            "text_field": text_field,
+            "text_field": args["text_field"],
         }
-        commit(out, writers, tok_tmp if kind == "bpe" else None, meta)
-    except BaseException as e:
-        if pool is not None:
-            pool.terminate()
-            pool.join()
-        # the cleanup must not hide the error: on a full disk a close's flush fails too, on
-        # a read-only one even unlinking a missing file does
-        with contextlib.suppress(OSError):
+        with sigint_ignored():
+            commit(out, writers, tok_tmp if kind == "bpe" else None, meta)
+        return meta
+    except BaseException:
+        try:
+            if pool is not None:
+                # Not pool.terminate(): it hangs for good if its task thread is sending a
+                # task (one larger than the pipe) as the workers die. No task is added now,
+                # so the workers finish the few in flight (encode_all) and exit.
+                pool.close()
+                pool.join()
+        finally:
+            # the cleanup must not hide the error: on a full disk a close's flush fails too,
+            # on a read-only one even unlinking a missing file does
             for w in writers:
                 with contextlib.suppress(OSError):
                     w.f.close()
-                w.tmp.unlink(missing_ok=True)
-            tok_tmp.unlink(missing_ok=True)
-            if created and out.is_dir() and not any(out.iterdir()):
-                out.rmdir()
-        if isinstance(e, OSError):  # a full disk, a read-only --out
-            where = f" ({e.filename})" if e.filename else ""
-            raise NlqError(f"nlq prepare into {out} failed: {e.strerror or e}{where}; its "
-                           f"temporary files are removed: free space or choose another --out, "
-                           f"then run it again") from None
+            # by name, not by writer: Ctrl-C may come between a file's creation and its writer
+            with contextlib.suppress(OSError):
+                for name in TMP_NAMES:
+                    (out / name).unlink(missing_ok=True)
         raise
     finally:
         _worker_tok.clear()
-    note = "" if kind == "gpt2" or tok.vocab_size == bpe_vocab else \
-        f" (the text supports only {tok.vocab_size} of the {bpe_vocab} requested)"
-    log(f"{out}: {meta['train_tokens']:,} train tokens ({meta['train_docs']} docs), "
-        f"{meta['val_tokens']:,} val tokens ({meta['val_docs']} docs), "
-        f"{meta.get('test_tokens', 0):,} test tokens ({meta.get('test_docs', 0)} docs), vocab "
-        f"{meta['vocab_size']}{note}, {meta['dtype']}, {meta['text_bytes'] / 1e6:.1f} MB of "
-        f"text in {time.perf_counter() - t0:.1f} s")
-    return meta
 
 
 def write_shards(src: sources.Source, split: Split, tok, tok_key: tuple,

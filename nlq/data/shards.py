@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from nlq.fsutil import fsync, write_atomic
+from nlq.fsutil import create, fsync, write_atomic
 
 
 class ShardWriter:
@@ -23,7 +23,7 @@ class ShardWriter:
 
     def __init__(self, path: Path):
         self.path, self.tmp = path, path.with_name(path.name + ".tmp")
-        self.f = open(self.tmp, "wb")  # noqa: SIM115 (closed by close())
+        self.f = create(self.tmp)  # closed by close()
         self.sha, self.n = hashlib.sha256(), 0
 
     def write(self, arr: np.ndarray) -> None:

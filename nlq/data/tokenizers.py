@@ -28,6 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from nlq.errors import NlqError
+from nlq.fsutil import create
 
 EOT = "<|endoftext|>"
 MASK = "<|mask|>"
@@ -196,7 +197,8 @@ def train_bpe(texts: Iterable[str], vocab_size: int, path: str | Path,
         vocab_size=vocab_size, special_tokens=[EOT, MASK], show_progress=False,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), min_frequency=2)
     tok.train_from_iterator(texts, trainer=trainer, length=length)
-    Path(path).write_text(tok.to_str(pretty=False), encoding="utf-8")
+    with create(Path(path), "w", encoding="utf-8") as f:
+        f.write(tok.to_str(pretty=False))
 
 
 # ---------------------------------------------------------------- specs

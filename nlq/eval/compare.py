@@ -36,12 +36,12 @@ def _docs(runs: list[Run], seeds: list) -> np.ndarray | None:
     for s in seeds:
         try:
             d = json.loads((by_seed[s].dir / "test_docs.json").read_text())
-        except (OSError, json.JSONDecodeError):
+            out.append([d["nats"], d["tokens"]])
+        except (OSError, ValueError, KeyError, TypeError):  # missing, not JSON, not nlq's
             return None
-        out.append([d["nats"], d["tokens"]])
     try:
         arr = np.asarray(out, dtype=np.float64)  # (n, 2, D)
-    except ValueError:
+    except (ValueError, TypeError):
         return None
     return arr if arr.ndim == 3 else None
 

@@ -47,8 +47,11 @@ def export_results(src: str | Path, dest: str | Path) -> list[Path]:
         for name in RUN_FILES:
             if (run / name).is_file():
                 written.append(Path(shutil.copy2(run / name, out / name)))
-        lines = [ln for ln in (run / "metrics.jsonl").read_text().splitlines()
-                 if ln.strip() and _kind(ln) in KEPT_METRICS]
+        try:  # bytes that are not UTF-8 (a torn write) are read as U+FFFD
+            text = (run / "metrics.jsonl").read_text(encoding="utf-8", errors="replace")
+        except FileNotFoundError:
+            text = ""
+        lines = [ln for ln in text.splitlines() if ln.strip() and _kind(ln) in KEPT_METRICS]
         (out / "metrics.jsonl").write_text("".join(ln + "\n" for ln in lines))
         written.append(out / "metrics.jsonl")
     return written

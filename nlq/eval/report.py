@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -38,13 +39,32 @@ def build_report(runs: Sequence[str | Path] | Sequence[Run], out_dir: str | Path
     rep = summarize(runs, baseline=baseline, title=title, claims=claims)
     out = Path(out_dir)
     lrs = [p / "lrs.json" for p in [out, *given] if (p / "lrs.json").is_file()]
-    rep["lrs"] = json.loads(lrs[0].read_text()) if lrs else None
+    rep["lrs"] = read_lrs(lrs[0]) if lrs else None
     out.mkdir(parents=True, exist_ok=True)
     _relative_run_dirs(rep, out)
     draw_fig1(runs, rep, out / "fig1.png")
     (out / "report.json").write_text(json.dumps(rep, indent=2) + "\n", encoding="utf-8")
     (out / "report.md").write_text(render_markdown(rep), encoding="utf-8")
     return rep
+
+
+def read_lrs(path: Path) -> dict | None:
+    """lrs.json (`nlq reproduce --lrs-from`: each arm's lr and the sweep that chose it), or
+    None with a warning when it is not that: the report shows it, and needs it for nothing
+    else (each run's config.toml holds the lr it trained with)."""
+    try:
+        lrs = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        why = f"is not valid JSON ({e})" if isinstance(e, ValueError) else str(e)
+    else:
+        if isinstance(lrs, dict) and isinstance(lrs.get("lrs"), dict) and all(
+                isinstance(v, (int, float)) and not isinstance(v, bool)
+                for v in lrs["lrs"].values()) and isinstance(lrs.get("source"), str) and \
+                isinstance(lrs.get("commit"), (str, type(None))):
+            return lrs
+        why = "is not what `nlq reproduce --lrs-from` writes (source, commit, lrs per arm)"
+    print(f"nlq: warning: {path} {why}: not shown in the report", file=sys.stderr)
+    return None
 
 
 def _relative_run_dirs(obj, out: Path) -> None:

@@ -91,9 +91,13 @@ def read_run(d: Path) -> Run:
     arm_info = read_json(d / "arm.json")
     arm = str(arm_info.get("arm") or d.parent.name) if isinstance(arm_info, dict) else d.parent.name
     info = arm_info if isinstance(arm_info, dict) else {}
-    run = Run(dir=d, arm=arm, seed="?", label=info.get("label"), experiment=info.get("experiment"))
+    text = {k: v for k, v in info.items() if k in ("label", "experiment") and isinstance(v, str)}
+    run = Run(dir=d, arm=arm, seed="?", **text)
     if arm_info is BAD:
         run.notes.append("arm.json is not valid JSON: arm taken from the folder name")
+    if "seed_index" in info and not _is_int(info["seed_index"]):
+        run.notes.append(f"arm.json seed_index {info.pop('seed_index')!r} is not an integer: "
+                         f"seed taken from train.seed")
     try:
         run.cfg = load_config(d / "config.toml")
     except NlqError as e:
@@ -108,15 +112,15 @@ def read_run(d: Path) -> Run:
         at = f" (last eval at step {run.last_step})" if run.evals else " (no eval logged)"
         run.problem = "no summary.json: not finished" + at
     elif summary is BAD or not isinstance(summary, dict):
-        run.problem = "summary.json is not valid JSON"
+        run.problem = "summary.json is unreadable or not a JSON object"
     elif summary.get("status") != "finished":
         run.problem = f"summary.json status is {summary.get('status')!r}, not 'finished'"
-    elif not isinstance(summary.get("val_loss"), (int, float)) or not math.isfinite(
-            summary["val_loss"]):
+    elif not isinstance(summary.get("val_loss"), (int, float)) or isinstance(
+            summary["val_loss"], bool) or not math.isfinite(summary["val_loss"]):
         run.problem = (f"finished, but summary.json val_loss is {summary.get('val_loss')!r}, "
                        f"not a finite number (diverged?)")
     else:
-        run.summary = summary
+        run.summary = summary = _checked_summary(summary, run.notes)
         if not run.evals:
             run.notes.append("no eval lines in metrics.jsonl: not drawn in Fig. 1")
         elif run.evals[-1][0] == summary.get("step") and not math.isclose(
@@ -126,7 +130,31 @@ def read_run(d: Path) -> Run:
     return run
 
 
-BAD = object()  # marker: the file exists but is not valid JSON
+# summary.json keys the report reads as numbers (nlq/train/loop.py, finish())
+SUMMARY_INTS = ("step", "tokens", "n_spikes", "params_total", "params_non_embedding",
+                "test_docs", "test_tokens", "warmup_steps", "world_size")
+SUMMARY_FLOATS = ("test_loss", "test_ppl", "val_ppl", "elapsed_s", "tok_per_s")
+
+
+def _checked_summary(summary: dict, notes: list[str]) -> dict:
+    """summary without the keys whose values are not what the trainer writes (a hand-edited
+    or foreign file), each named in notes: the report reads them as numbers."""
+    bad = [k for k in SUMMARY_INTS if k in summary and not _is_int(summary[k])]
+    bad += [k for k in SUMMARY_FLOATS if k in summary and (
+        not isinstance(summary[k], (int, float)) or isinstance(summary[k], bool))]
+    if "spikes" in summary and not (isinstance(summary["spikes"], list) and all(
+            isinstance(x, dict) for x in summary["spikes"])):
+        bad.append("spikes")
+    if bad:
+        notes.append(f"summary.json: {', '.join(f'{k} = {summary[k]!r}' for k in bad)} "
+                     f"ignored (not what nlq writes)")
+    if "test_loss" in summary and "test_tokens" not in summary and "test_loss" not in bad:
+        bad.append("test_loss")  # a test loss is reported with its token count
+        notes.append("summary.json: test_loss without test_tokens ignored")
+    return {k: v for k, v in summary.items() if k not in bad}
+
+
+BAD = object()  # marker: the file exists but cannot be read as JSON
 
 
 def read_json(path: Path):
@@ -134,7 +162,7 @@ def read_json(path: Path):
         return json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         return None
-    except (json.JSONDecodeError, UnicodeDecodeError):
+    except (OSError, ValueError):  # a folder, no permission; not JSON, not UTF-8
         return BAD
 
 
@@ -142,7 +170,9 @@ def _read_evals(path: Path) -> tuple[list[tuple[int, float]], int]:
     by_step: dict[int, float] = {}
     bad = 0
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
+        # bytes that are not UTF-8 (a torn write) are read as U+FFFD: the line then fails
+        # json.loads, and is counted, unless they sat inside a string
+        lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
     except FileNotFoundError:
         return [], 0
     for line in lines:
@@ -153,9 +183,21 @@ def _read_evals(path: Path) -> tuple[list[tuple[int, float]], int]:
         except json.JSONDecodeError:
             bad += 1  # e.g. the last line of a run killed mid-write
             continue
-        if isinstance(rec, dict) and rec.get("kind") == "eval":
-            by_step[int(rec["step"])] = float(rec["val_loss"])
+        if not isinstance(rec, dict):
+            bad += 1  # valid JSON, but not a row nlq writes
+            continue
+        if rec.get("kind") != "eval":
+            continue
+        step, loss = rec.get("step"), rec.get("val_loss")
+        if not _is_int(step) or not isinstance(loss, (int, float)) or isinstance(loss, bool):
+            bad += 1  # an eval line without an integer step and a numeric val_loss
+            continue
+        by_step[step] = float(loss)
     return sorted(by_step.items()), bad
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
 
 
 def collect(run_dirs: Iterable[str | Path]) -> list[Run]:

@@ -108,10 +108,22 @@ def _arms(raw: Any, path: Path) -> dict[str, dict[str, Any]]:
 def experiment_arms(exp: Experiment, preset: str, sets: dict | None = None,
                     names: list[str] | None = None) -> dict[str, Config]:
     """The configs of the experiment's arms (or of `names` among them): the preset, then the
-    --set overrides, then the experiment's [base], then each arm's recipe."""
+    --set overrides, then the experiment's [base], then each arm's recipe. A --set of a key
+    that [base] or an arm's recipe sets to another value would be silently undone: an error
+    naming both. (An arm's lr_scale multiplies a --set train.lr, on purpose: the recipe scales
+    with the preset; its grow_non_embedding_pct grows a --set model.mlp_hidden.)"""
+    arms = names or list(exp.arms)
+    for key, value in (sets or {}).items():
+        owners = [("the experiment's [base]", exp.base)] + [
+            (f"arm {a!r}", exp.arms[a]) for a in arms]
+        for who, table in owners:
+            if key in table and table[key] != value:
+                raise NlqError(f"--set {key}={value!r} would be undone: {who} of experiment "
+                               f"{exp.name!r} sets {key} = {table[key]!r}; edit the "
+                               f"experiment (--experiment FILE) instead")
     base = load_config(preset, sets)
     base = from_dict(apply_overrides(base.to_dict(), exp.base))
-    return {a: resolve_arm(base, exp.arms[a], a) for a in (names or exp.arms)}
+    return {a: resolve_arm(base, exp.arms[a], a) for a in arms}
 
 
 def experiment_toml(exp: Experiment) -> str:

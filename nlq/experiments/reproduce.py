@@ -23,12 +23,14 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from nlq.config import Config, load_config
+from nlq.config import Config, flatten, load_config
 from nlq.errors import NlqError
 from nlq.eval.claims import EXPERIMENT_FILE
 from nlq.eval.report import build_report, print_summary
 from nlq.experiments.experiment import Experiment, experiment_arms, experiment_toml, load_experiment
+from nlq.fsutil import write_atomic
 from nlq.model.params import count_params, flops_per_token
+from nlq.train.rundir import read_summary
 
 # How `nlq reproduce` prepares each preset's data dir when it is missing.
 PRESET_DATA = {
@@ -78,7 +80,10 @@ def plan(exp: Experiment, preset: str, seeds: int, arm_names: list[str] | None,
 def ensure_data(preset: str, cfg: Config) -> None:
     d = Path(cfg.data.dir)
     meta = d / "meta.json"
-    old = meta.is_file() and "test_tokens" not in json.loads(meta.read_text())
+    try:
+        old = meta.is_file() and "test_tokens" not in json.loads(meta.read_text())
+    except (OSError, ValueError, TypeError):  # `nlq train` names what is wrong with it
+        return
     if meta.is_file() and not (old and cfg.train.test_eval):
         return
     if preset not in PRESET_DATA:
@@ -117,33 +122,48 @@ def print_cost(specs: list[RunSpec], out: Path, gpus: int = 8, mfu: float = 0.40
           f"to train them one after the other here)")
 
 
+def run_states(specs: list[RunSpec]) -> dict[Path, str]:
+    """Each planned run's state (_run_state), every one checked before anything is written:
+    a command that is refused leaves OUT as it was."""
+    return {s.run_dir: _run_state(s) for s in specs}
+
+
 def _run_state(spec: RunSpec) -> str:
-    """finished, resume or new; a run dir holding another config (e.g. another lr) than the
-    plan is an error, finished or not: its numbers would answer another question."""
+    """finished, resume or new. A run dir is reused (finished, or resumed) only when the
+    config it holds, resolved as this nlq reads it, equals the one planned for it, key for
+    key: one of another config (e.g. another lr or max_steps) is an error, finished or not,
+    naming the keys that differ: its numbers would answer another question."""
     d = spec.run_dir
+    summary, why = read_summary(d)
     if (d / "config.toml").is_file():
-        written = load_config(d / "config.toml")
-        if written != spec.cfg:
-            diff = [k for k, v in _flat(spec.cfg.to_dict()).items()
-                    if _flat(written.to_dict()).get(k) != v]
-            raise NlqError(f"{d} holds a run of another config than this command plans "
-                           f"(arm {spec.arm!r}; differs in {', '.join(diff) or 'keys'}): use "
-                           f"another --out or remove it")
-    if (d / "summary.json").is_file():
+        diff = config_diff(load_config(d / "config.toml"), spec.cfg)
+        if diff:
+            what = "; ".join(f"{k} = {a!r} there, {b!r} now" for k, a, b in diff[:4])
+            more = f" and {len(diff) - 4} more" if len(diff) > 4 else ""
+            raise NlqError(f"{d} holds a run of another config than this command plans (arm "
+                           f"{spec.arm!r}, seed {spec.seed_index}: {what}{more}): use another "
+                           f"--out, or remove {d} to train it again")
+    elif summary is not None or why is not None:
+        raise NlqError(f"{d} holds summary.json but no config.toml: what it ran cannot be "
+                       f"checked against this plan; use another --out, or remove {d}")
+    if summary is not None:
         return "finished"
-    if any((d / "ckpt").glob("step_*")):
-        return "resume"
-    return "new"
+    saved = any((d / "ckpt").glob("step_*"))
+    if why is not None and not saved:
+        raise NlqError(f"{d / 'summary.json'} {why}, and {d} holds no checkpoint to recompute "
+                       f"it from: restore the file, or remove {d} to train the run again")
+    if why is not None:
+        print(f"reproduce: warning: {d / 'summary.json'} {why}: the run is resumed from its "
+              f"last checkpoint, which writes it again", file=sys.stderr)
+    return "resume" if saved else "new"
 
 
-def _flat(d: dict, prefix: str = "") -> dict:
-    out = {}
-    for k, v in d.items():
-        if isinstance(v, dict):
-            out |= _flat(v, f"{prefix}{k}.")
-        else:
-            out[f"{prefix}{k}"] = v
-    return out
+def config_diff(a: Config, b: Config) -> list[tuple[str, object, object]]:
+    """(key, value in a, value in b) for every key where the resolved configs differ, as plain
+    values: nothing is left out (train.device is compared as written, "auto" included)."""
+    fa, fb = flatten(a.to_dict()), flatten(b.to_dict())
+    return [(k, fa.get(k, "(absent)"), fb.get(k, "(absent)")) for k in sorted(set(fa) | set(fb))
+            if fa.get(k, "(absent)") != fb.get(k, "(absent)")]
 
 
 def _last_step(run_dir: Path) -> int:
@@ -156,29 +176,31 @@ def _last_step(run_dir: Path) -> int:
         for line in reversed(lines):
             try:
                 return int(json.loads(line).get("step", 0))
-            except (json.JSONDecodeError, AttributeError, ValueError):
+            except (AttributeError, ValueError, TypeError):  # not JSON, not a row, no step
                 continue
     except OSError:
         pass
     return 0
 
 
-def run_all(specs: list[RunSpec], exp: Experiment, jobs: int, out: Path) -> list[str]:
+def run_all(specs: list[RunSpec], exp: Experiment, jobs: int, out: Path,
+            states: dict[Path, str] | None = None) -> list[str]:
     """Train every planned run (jobs at a time, threads split between them); returns the
     arms/seeds that failed. Each run is a subprocess `nlq train`, so a crash or a divergence
-    of one run never takes the others down."""
+    of one run never takes the others down. states: run_states(specs), if checked already."""
     from tqdm import tqdm
 
+    states = states or run_states(specs)
     todo = []
     for s in specs:
-        state = _run_state(s)
+        state = states[s.run_dir]
         if state == "finished":
             continue
         cfg_path = out / "configs" / s.config_name
         if state == "new":
             shutil.rmtree(s.run_dir, ignore_errors=True)  # a start that never checkpointed
             s.run_dir.mkdir(parents=True)
-            (s.run_dir / "arm.json").write_text(json.dumps(
+            write_atomic(s.run_dir / "arm.json", json.dumps(
                 {"experiment": exp.name, "arm": s.arm, "seed_index": s.seed_index}))
             cmd = ["train", str(cfg_path), "--out", str(s.run_dir)]
         else:
@@ -198,8 +220,9 @@ def run_all(specs: list[RunSpec], exp: Experiment, jobs: int, out: Path) -> list
     while queue or running:
         while queue and len(running) < jobs:
             s, cmd = queue.pop(0)
-            # open while the run lives: closed when it ends, below
-            log = open(s.run_dir / "train.log", "a")  # noqa: SIM115
+            # open while the run lives: closed when it ends, below; never through a symlink
+            log = os.fdopen(os.open(s.run_dir / "train.log", os.O_WRONLY | os.O_APPEND |
+                                    os.O_CREAT | os.O_NOFOLLOW, 0o666), "a")
             p = subprocess.Popen([sys.executable, "-m", "nlq", *cmd, "--no-progress"],
                                  stdout=log, stderr=subprocess.STDOUT, env=env)
             running.append((s, p, log))
@@ -213,13 +236,13 @@ def run_all(specs: list[RunSpec], exp: Experiment, jobs: int, out: Path) -> list
                 continue
             running.remove(item)
             log.close()
-            if p.returncode != 0:
+            summ = read_summary(s.run_dir)[0] if p.returncode == 0 else None
+            if summ is None:  # failed, or stopped by a signal before it finished
                 failed.append(f"{s.arm}/seed{s.seed_index}")
                 tail = (s.run_dir / "train.log").read_text(errors="replace").strip()
                 bar.write(f"reproduce: {s.arm} seed{s.seed_index} failed (exit "
                           f"{p.returncode}): {tail.splitlines()[-1] if tail else ''}")
             else:
-                summ = json.loads((s.run_dir / "summary.json").read_text())
                 bar.write(f"reproduce: {s.arm} seed{s.seed_index}: val loss "
                           f"{summ['val_loss']:.4f} ({summ['tok_per_s']:,.0f} tok/s)")
     bar.close()
@@ -230,9 +253,9 @@ def read_sweep_lrs(path: Path, preset: str, sets: dict | None, arms: list[str]) 
     """Each arm's chosen lr from a sweep.json, checked against this reproduce's setting."""
     try:
         result = json.loads(Path(path).read_text())
-    except (OSError, json.JSONDecodeError) as e:
+    except (OSError, ValueError) as e:  # not JSON, not UTF-8
         raise NlqError(f"--lrs-from {path}: cannot read a sweep.json: {e}") from None
-    if not isinstance(result, dict) or "chosen" not in result:
+    if not isinstance(result, dict) or not isinstance(result.get("chosen"), dict):
         raise NlqError(f"--lrs-from {path}: not a sweep.json written by `nlq sweep`")
     if result.get("preset") != preset:
         raise NlqError(f"--lrs-from {path}: the sweep ran on preset {result.get('preset')!r}, "
@@ -245,8 +268,20 @@ def read_sweep_lrs(path: Path, preset: str, sets: dict | None, arms: list[str]) 
     if missing:
         raise NlqError(f"--lrs-from {path}: arm {missing[0]!r} was not swept (the sweep has "
                        f"{', '.join(result['chosen'])})")
+    for a in arms:
+        lr = result["chosen"][a].get("lr") if isinstance(result["chosen"][a], dict) else None
+        if not isinstance(lr, (int, float)) or isinstance(lr, bool) or not lr > 0:
+            raise NlqError(f"--lrs-from {path}: chosen.{a}.lr is {lr!r}, not a learning rate "
+                           f"(a sweep.json written by `nlq sweep` has one per arm)")
     return {"source": str(path), "commit": result.get("commit"), "dirty": result.get("dirty"),
             "lrs": {a: result["chosen"][a]["lr"] for a in arms}}
+
+
+def with_lrs(specs: list[RunSpec], lrs: dict[str, float]) -> list[RunSpec]:
+    """specs with each arm at its lr (a sweep's choice); min_lr keeps its ratio to lr."""
+    return [dataclasses.replace(s, cfg=s.cfg.replace(**{
+        "train.lr": lrs[s.arm], "train.min_lr": lrs[s.arm] * s.cfg.train.min_lr / s.cfg.train.lr}))
+        for s in specs]
 
 
 def reproduce(experiment: str, preset: str, seeds: int, arm_names: list[str] | None,
@@ -259,24 +294,27 @@ def reproduce(experiment: str, preset: str, seeds: int, arm_names: list[str] | N
     lrs = None
     if lrs_from is not None:  # each arm at the lr its sweep chose on val
         lrs = read_sweep_lrs(lrs_from, preset, sets, sorted({s.arm for s in specs}))
-        specs = [dataclasses.replace(s, cfg=s.cfg.replace(**{
-            "train.lr": lrs["lrs"][s.arm],
-            "train.min_lr": lrs["lrs"][s.arm] * s.cfg.train.min_lr / s.cfg.train.lr}))
-            for s in specs]
+        specs = with_lrs(specs, lrs["lrs"])
+    states = run_states(specs)  # a run dir of another config is refused before any write
     out.mkdir(parents=True, exist_ok=True)
     if lrs is not None:
-        (out / "lrs.json").write_text(json.dumps(lrs, indent=2))
+        write_atomic(out / "lrs.json", json.dumps(lrs, indent=2))
     # the experiment as resolved, for `nlq report OUT` to find its claims
-    (out / EXPERIMENT_FILE).write_text(experiment_toml(exp), encoding="utf-8")
+    write_atomic(out / EXPERIMENT_FILE, experiment_toml(exp))
     (out / "configs").mkdir(exist_ok=True)
     for s in specs:
-        (out / "configs" / s.config_name).write_text(s.cfg.to_toml())
+        write_atomic(out / "configs" / s.config_name, s.cfg.to_toml())
     if preset == "gpt3-small" and not torch.cuda.is_available() and not force:
         print_cost(specs, out)
         return 0
+    from nlq.train.dist import resolve_device
+    from nlq.train.memory import check_fits
+
+    for cfg in {s.arm: s.cfg for s in specs}.values():  # `jobs` runs share this machine
+        check_fits(cfg, resolve_device(cfg.train.device), procs=min(jobs, len(specs)))
     ensure_data(preset, specs[0].cfg)
     t0 = time.time()
-    failed = run_all(specs, exp, jobs, out)
+    failed = run_all(specs, exp, jobs, out, states)
     if len(failed) == len(specs):
         print(f"reproduce: every run failed ({', '.join(failed)}); see their train.log, then "
               f"run the command again to resume them", file=sys.stderr)

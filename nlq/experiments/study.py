@@ -93,7 +93,15 @@ def rung_record(ladder: Ladder, rung: Rung) -> dict:
 def check_rung(out: Path, record: dict) -> None:
     path = out / RUNG_FILE
     if path.is_file():
-        before = json.loads(path.read_text())
+        try:
+            before = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as e:
+            raise NlqError(f"{path} cannot be read ({e}): it records how rung "
+                           f"{record['name']!r} was started; restore it (the ladder's rung "
+                           f"as it was), or use another --out") from None
+        if not isinstance(before, dict):
+            raise NlqError(f"{path} is not a rung record (a JSON object): restore it, or use "
+                           f"another --out")
         diff = [k for k in sorted(set(before) | set(record)) if before.get(k) != record.get(k)]
         if diff:
             k = diff[0]
@@ -132,7 +140,9 @@ def measure_tok_s(cfg, threads: int, steps: int = 4) -> float:
     import torch
 
     from nlq.model import Transformer
+    from nlq.train.memory import check_fits
 
+    check_fits(cfg, torch.device("cpu"))  # one line naming the key, not an allocator error
     old = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:

@@ -7,11 +7,13 @@ control did not pass is shown, marked as unable to test the claim."""
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 from nlq.extras import need
 from nlq.fsutil import write_atomic
 from nlq.sysinfo import cpu_name
+from nlq.train.rundir import read_summary
 
 
 def rung_rows(ladder, out: Path) -> list[dict]:
@@ -22,8 +24,16 @@ def rung_rows(ladder, out: Path) -> list[dict]:
             rows.append({"rung": name, "description": rung.description,
                          "status": "not finished"})
             continue
-        rep = json.loads(path.read_text())
-        base = next(a for a in rep["arms"] if a["arm"] == rep["baseline"])
+        try:
+            rep = json.loads(path.read_text(encoding="utf-8"))
+            base = next(a for a in rep["arms"] if a["arm"] == rep["baseline"])
+        except (OSError, ValueError, KeyError, TypeError, StopIteration) as e:
+            # the rung's `nlq reproduce` writes it again when the study continues
+            print(f"nlq: warning: {path} is not a report `nlq reproduce` wrote ({e!r}): rung "
+                  f"{name} is shown as not finished", file=sys.stderr)
+            rows.append({"rung": name, "description": rung.description,
+                         "status": "not finished"})
+            continue
         arms = {}
         for a in rep["arms"]:
             d = (a.get("vs_baseline") or {}).get("log_loss_pct") or {}
@@ -50,8 +60,9 @@ def rung_rows(ladder, out: Path) -> list[dict]:
 def _cost(rung_dir: Path) -> dict:
     """The rung's finished runs (sweep and seeds) and their summed training seconds (two at a
     time on CPU: the wall time is about half)."""
-    secs = [json.loads(p.read_text()).get("elapsed_s") or 0.0
-            for p in rung_dir.rglob("summary.json")]
+    summaries = [read_summary(p.parent)[0] for p in rung_dir.rglob("summary.json")]
+    secs = [s.get("elapsed_s") if isinstance(s.get("elapsed_s"), (int, float)) else 0.0
+            for s in summaries if s is not None]  # a broken summary is not a finished run
     return {"runs": len(secs), "run_seconds": round(sum(secs))}
 
 

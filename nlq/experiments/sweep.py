@@ -21,8 +21,9 @@ from pathlib import Path
 
 from nlq.errors import NlqError
 from nlq.experiments.experiment import load_experiment
-from nlq.experiments.reproduce import RunSpec, ensure_data, plan, run_all
+from nlq.experiments.reproduce import RunSpec, ensure_data, plan, run_all, run_states
 from nlq.fsutil import write_atomic
+from nlq.train.rundir import read_summary
 
 PLAN_FILE, RESULT_FILE, FIGURE_FILE = "sweep-plan.json", "sweep.json", "sweep.png"
 
@@ -85,9 +86,13 @@ def choose(specs: list[RunSpec], meta: dict) -> dict:
     """sweep.json's content from the finished runs: final val loss per arm, lr and seed."""
     results: dict[str, dict[str, list[float]]] = {}
     for s in specs:
-        summary = json.loads((s.run_dir / "summary.json").read_text())
-        results.setdefault(s.arm, {}).setdefault(repr(s.cfg.train.lr), []).append(
-            summary["val_loss"])
+        summary, why = read_summary(s.run_dir)
+        loss = summary.get("val_loss") if summary else None
+        if not isinstance(loss, (int, float)) or isinstance(loss, bool):
+            raise NlqError(f"{s.run_dir / 'summary.json'} "
+                           f"{why or f'has no numeric val_loss (val_loss = {loss!r})'}: no lr "
+                           f"is chosen from it; remove {s.run_dir} to train it again")
+        results.setdefault(s.arm, {}).setdefault(repr(s.cfg.train.lr), []).append(loss)
     chosen, edge = {}, {}
     for arm, by_lr in results.items():
         means = {float(lr): sum(v) / len(v) for lr, v in by_lr.items()}
@@ -104,23 +109,31 @@ def sweep(experiment: str, preset: str, arms: list[str] | None, lrs: list[float]
     from nlq.experiments.sweep_figure import draw_sweep
 
     specs, meta = sweep_plan(experiment, preset, arms, lrs, seeds, out, sets)
-    out.mkdir(parents=True, exist_ok=True)
     plan_path = out / PLAN_FILE
     if plan_path.is_file():
         # another grid or other arms are allowed (widening reuses every finished run: each
         # run dir refuses another config); other seeds or settings would mix two choices
-        before = json.loads(plan_path.read_text())
+        try:
+            before = json.loads(plan_path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as e:
+            raise NlqError(f"{plan_path} cannot be read ({e}): it records the sweep in {out}; "
+                           f"restore it, or use another --out (its runs are kept)") from None
+        if not isinstance(before, dict):
+            raise NlqError(f"{plan_path} is not a sweep plan (a JSON object): restore it, or "
+                           f"use another --out")
         diff = [k for k in meta if k not in ("grid", "arms") and before.get(k) != meta[k]]
         if diff:
             raise NlqError(f"{out} holds a sweep with another plan ({', '.join(diff)}: "
                            f"{before.get(diff[0])!r}, now {meta[diff[0]]!r}): use another --out "
                            f"(its runs are kept)")
+    states = run_states(specs)  # a run dir of another config is refused before any write
+    out.mkdir(parents=True, exist_ok=True)
     write_atomic(plan_path, json.dumps(meta, indent=2))
     (out / "configs").mkdir(exist_ok=True)
     for s in specs:
-        (out / "configs" / s.config_name).write_text(s.cfg.to_toml())
+        write_atomic(out / "configs" / s.config_name, s.cfg.to_toml())
     ensure_data(preset, specs[0].cfg)
-    failed = run_all(specs, load_experiment(experiment), jobs, out)
+    failed = run_all(specs, load_experiment(experiment), jobs, out, states)
     if failed:
         print(f"sweep: {len(failed)} run(s) failed: {', '.join(failed)} (see their train.log; "
               f"run the command again to retry); no lr chosen", file=sys.stderr)

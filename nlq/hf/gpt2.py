@@ -23,7 +23,7 @@ def check_gpt2(cfg) -> None:
     problems = [
         (cfg.arch != "decoder", f"arch {cfg.arch!r} (GPT-2 is a decoder)"),
         (cfg.query != "linear", (f"query {cfg.query!r} (GPT-2's query is linear: export the "
-                                 f"linear arm, or keep the model in nlq)")),
+                                 f"linear arm, or write model_type nlq: --to hf)")),
         (cfg.n_kv_head not in (None, cfg.n_head), f"n_kv_head {cfg.n_kv_head} (GQA)"),
         (cfg.pos_emb != "learned", f"pos_emb {cfg.pos_emb!r} (GPT-2 learns positions)"),
         (cfg.qk_norm, "qk_norm (GPT-2 has none)"),

@@ -17,10 +17,13 @@ from nlq.data.tokenizers import Tokenizer, load
 from nlq.errors import NlqError
 from nlq.model.transformer import Transformer
 from nlq.train.checkpoint import any_saved, load_latest, verify
+from nlq.train.memory import check_inference_fits
 
 
 def load_model(path: str | Path) -> tuple[Transformer, Path | None]:
-    """(the model in eval mode, the data dir its run trained on or None if unknown)."""
+    """(the model in eval mode, the data dir its run trained on or None if unknown). Before
+    anything is read, the model's size is checked against the memory free (a config edited to
+    a size this machine cannot hold is one line, not an allocator traceback)."""
     p = Path(path)
     if not p.exists():
         raise NlqError(f"{p} does not exist: give a run dir, a checkpoint dir or a saved model")
@@ -28,6 +31,7 @@ def load_model(path: str | Path) -> tuple[Transformer, Path | None]:
         if not any_saved(p):
             raise NlqError(f"{p} has no checkpoint yet: a run writes one every "
                            f"train.ckpt_interval steps and at its end")
+        check_inference_fits(load_config(p / "config.toml").model, str(p))
         ck = load_latest(p)
         model = _from_state(ck.state["model_config"], ck.model)
         return model, Path(load_config(p / "config.toml").data.dir)
@@ -36,12 +40,18 @@ def load_model(path: str | Path) -> tuple[Transformer, Path | None]:
             state = verify(p)
         except ValueError as e:
             raise NlqError(f"checkpoint {p}: {e}") from None
+        check_inference_fits(model_config_from_dict(state["model_config"]), str(p))
         model = _from_state(state["model_config"], load_file(str(p / "model.safetensors")))
         run = p.parent.parent
         data = Path(load_config(run / "config.toml").data.dir) if (
             run / "config.toml").is_file() else None
         return model, data
     if (p / "config.json").is_file():
+        try:
+            raw = json.loads((p / "config.json").read_text())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise NlqError(f"{p / 'config.json'} is not readable JSON: {e}") from None
+        check_inference_fits(model_config_from_dict(raw), str(p))
         return Transformer.from_pretrained(p).eval(), None
     raise NlqError(f"{p} is not a run dir (config.toml), a checkpoint dir (state.json) or a "
                    f"saved model (config.json)")

@@ -91,7 +91,9 @@ def linear_cross_entropy(h: torch.Tensor, weight: torch.Tensor, targets: torch.T
     """F.cross_entropy(h @ weight.T, targets, reduction) without keeping (N, V) logits.
 
     h: (N, C), weight: (V, C), targets: (N,) int. reduction: "mean" (over rows whose target
-    is not ignore_index; NaN when there are none, as F.cross_entropy) or "sum".
+    is not ignore_index) or "sum". With no such row the mean is 0 with zero gradients, not
+    F.cross_entropy's NaN (0/0): a masked-LM micro-batch that happens to mask no token adds
+    nothing to the step instead of stopping the run as diverged.
     """
     if reduction not in ("mean", "sum"):
         raise ValueError(f"reduction must be 'mean' or 'sum', not {reduction!r}")
@@ -102,4 +104,4 @@ def linear_cross_entropy(h: torch.Tensor, weight: torch.Tensor, targets: torch.T
         total = _sum_nats(h, weight, targets, ignore_index, rows, grad=False)[0]
     if reduction == "sum":
         return total
-    return total / (targets != ignore_index).sum()
+    return total / (targets != ignore_index).sum().clamp(min=1)

@@ -11,11 +11,14 @@ the tests that loop over variants read the registry.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import inspect
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
+from nlq.errors import NlqError
 from nlq.model import kernels
 from nlq.model.layers import ACTIVATIONS, RMSNorm, make_norm
 
@@ -145,12 +148,17 @@ QUERIES: dict[str, type[nn.Module]] = {
 }
 
 
+# their settings are [model] keys (nl_rank, nl_act, ...): they take no model.query_args
+BUILT_IN = (LinearQuery, IdentityQuery, ResidualQuery, NonlinearQuery)
+
+
 def register_query(name: str, cls: type[nn.Module], replace: bool = False) -> None:
-    """Make `name` a valid model.query: cls(cfg) builds the module from the ModelConfig (the
-    block's normalised input x (B, T, C) -> the query (B, T, C); a `scale_factor` attribute,
-    1.0 if absent, multiplies the attention's logit scale). For `nlq train` / `nlq
-    reproduce`, whose runs are new processes, put the call in a module and pass it with
-    `nlq --import MODULE_OR_FILE ...` (examples/own_query.py)."""
+    """Make `name` a valid model.query: cls(cfg, **cfg.query_args) builds the module from the
+    ModelConfig and the variant's own settings, [model.query_args], which cls takes as
+    keyword parameters after cfg (the block's normalised input x (B, T, C) -> the query
+    (B, T, C); a `scale_factor` attribute, 1.0 if absent, multiplies the attention's logit
+    scale). For `nlq train` / `nlq reproduce`, whose runs are new processes, put the call in
+    a module and pass it with `nlq --import MODULE_OR_FILE ...` (examples/own_query.py)."""
     if not (isinstance(name, str) and name and isinstance(cls, type)
             and issubclass(cls, nn.Module)):
         raise TypeError("register_query(name: str, cls: an nn.Module subclass)")
@@ -159,5 +167,34 @@ def register_query(name: str, cls: type[nn.Module], replace: bool = False) -> No
     QUERIES[name] = cls
 
 
+def check_query_args(name: str, args: Mapping[str, Any]) -> None:
+    """An NlqError naming `model.query_args.<key>` unless QUERIES[name](cfg, **args) fits the
+    class's __init__: every key one of its keyword parameters after cfg (any key when it
+    takes **kwargs), every parameter without a default given. Checked when a config loads,
+    so a typo stops the run before it starts."""
+    cls = QUERIES[name]
+    if cls in BUILT_IN:
+        if args:
+            raise NlqError(f"config key 'model.query_args.{next(iter(args))}': the built-in "
+                           f"query {name!r} takes no query_args (they are a registered "
+                           f"variant's own settings; the built-in ones are [model] keys, "
+                           f"e.g. model.nl_rank)")
+        return
+    params = list(inspect.signature(cls).parameters.values())[1:]  # after cfg
+    if any(p.kind is p.VAR_KEYWORD for p in params):
+        return
+    named = [p for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    for key in args:
+        if key not in {p.name for p in named}:
+            raise NlqError(f"config key 'model.query_args.{key}' is not a setting of query "
+                           f"{name!r} ({cls.__name__} takes: "
+                           f"{', '.join(p.name for p in named) or 'none'})")
+    for p in named:
+        if p.default is p.empty and p.name not in args:
+            raise NlqError(f"query {name!r} needs config key 'model.query_args.{p.name}' "
+                           f"({cls.__name__}'s {p.name} has no default)")
+
+
 def make_query(cfg: ModelConfig) -> nn.Module:
-    return QUERIES[cfg.query](cfg)
+    check_query_args(cfg.query, cfg.query_args)  # also for a ModelConfig built in code
+    return QUERIES[cfg.query](cfg, **cfg.query_args)

@@ -213,8 +213,10 @@ class Transformer(nn.Module):
             wide = torch.promote_types(logits.dtype, torch.float32)  # bf16 logits -> fp32
             loss = F.cross_entropy(
                 logits.to(wide).view(B * T, -1), targets.reshape(B * T),  # (B*T, V), (B*T,)
-                ignore_index=-1, reduction=reduction,
+                ignore_index=-1, reduction="sum" if reduction == "mean" else reduction,
             )
+            if reduction == "mean":  # no target at all: 0, as the chunked loss, not NaN
+                loss = loss / (targets != -1).sum().clamp(min=1)
             if reduction == "none":
                 loss = loss.view(B, T)  # (B, T)
         return logits, loss

@@ -3,14 +3,17 @@
 Layout of RUN_DIR/ckpt/:
     step_000100/model.safetensors   full weights (tied alias dropped), any world size
     step_000100/optim.safetensors   AdamW moments and step counts keyed by parameter name
-    step_000100/state.json          step, tokens, metrics offset, config, sha256 of the files
+    step_000100/state.json          step, tokens, metrics offset, config, sha256 of the files,
+                                    and what the run depends on (see depends())
     latest                          "step_000100", replaced atomically after the dir is complete
 
 A checkpoint dir is written under a temporary name, every file fsync'ed, then renamed; the
 `latest` pointer is updated last. A reader verifies the sha256 of every file and falls back
 to the newest older checkpoint that verifies. The data position needs no state beyond the
 step (nlq/data/schedule.py) and dropout is reseeded from (seed, step, rank) each step, so
-step + weights + optimizer moments are everything a bitwise-exact resume needs.
+step + weights + optimizer moments are everything a bitwise-exact resume needs, given the same
+config and the same data: state.json records both (depends()), and a resume refuses a
+config.toml edited since, or data that differ, naming what changed (check_depends()).
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
+from nlq.config import Config, flatten, from_dict
 from nlq.errors import NlqError
 from nlq.fsutil import fsync, write_atomic
 
@@ -192,3 +196,68 @@ def load_latest(run_dir: Path) -> Checkpoint:
             continue
         return Checkpoint(d, state, model, optim)
     raise NlqError(f"no valid checkpoint in {root}: " + "; ".join(problems))
+
+
+# The files of a data dir (`nlq prepare`) that a run reads.
+DATA_FILES = ("meta.json", "train.bin", "val.bin", "test.bin")
+
+
+def depends(cfg: Config) -> dict:
+    """What a run's weights depend on besides its checkpoint: the resolved config, and the
+    data it reads: the absolute folder (a relative data.dir depends on the working directory)
+    and each file's size and sha256 (hashed once per process start, at ~1.5 GB/s)."""
+    d = Path(cfg.data.dir).resolve()
+    files = {name: {"bytes": (d / name).stat().st_size, "sha256": sha256(d / name)}
+             for name in DATA_FILES if (d / name).is_file()}
+    return {"config": cfg.to_dict(), "data_dir": str(d), "data": files}
+
+
+def check_depends(ck: Checkpoint, now: dict, run_dir: Path) -> list[str]:
+    """Refuse to resume from ck when RUN/config.toml or the data differ from what ck records
+    (NlqError naming each changed key, old -> new, or the data file that differs); returns
+    warnings: a checkpoint that records nothing (older nlq), a data dir that moved but
+    holds identical files (the run continues: its files are what the weights depend on)."""
+    rec = ck.state.get("depends")
+    if not isinstance(rec, dict) or not isinstance(rec.get("config"), dict):
+        return [(f"checkpoint {ck.path} records neither the config nor the data it was "
+                 f"trained on (written by an older nlq): resuming without checking that they "
+                 f"are unchanged")]
+    try:  # read by this version, as config.toml is: a key added since gets its default
+        old = from_dict(rec["config"]).to_dict()
+    except NlqError:
+        old = rec["config"]
+    before, after = flatten(old), flatten(now["config"])
+    # data.dir is where the data is, not what it is: the files' sizes and sha256 are compared
+    # below, so a data dir moved (and config.toml edited to say where) still resumes
+    changed = [k for k in sorted(set(before) | set(after)) if k != "data.dir"
+               and before.get(k, "(absent)") != after.get(k, "(absent)")]
+    if changed:
+        what = "; ".join(f"{k} = {before.get(k, '(absent)')!r} -> {after.get(k, '(absent)')!r}"
+                         for k in changed[:4])
+        more = f" and {len(changed) - 4} more" if len(changed) > 4 else ""
+        raise NlqError(f"{run_dir / 'config.toml'} changed since checkpoint {ck.path}: {what}"
+                       f"{more}; resuming would silently continue another run: put the old "
+                       f"values back, or train the new config into another --out")
+    rec_files = rec.get("data") if isinstance(rec.get("data"), dict) else {}
+    rec_dir, now_dir = rec.get("data_dir"), now["data_dir"]
+    diff = []
+    for name in sorted(set(rec_files) | set(now["data"])):
+        a, b = rec_files.get(name), now["data"].get(name)
+        if a == b:
+            continue
+        if b is None or a is None:
+            diff.append(f"{name} {'missing' if b is None else 'not there before'}")
+        elif a.get("bytes") != b.get("bytes"):
+            diff.append(f"{name} ({a.get('bytes')} -> {b.get('bytes')} bytes)")
+        else:
+            diff.append(f"{name} (same size, other sha256)")
+    if diff:
+        where = (f"{now_dir}" if rec_dir == now_dir else
+                 f"{now_dir} (data.dir resolved from {os.getcwd()}; the checkpoint's data was "
+                 f"in {rec_dir})")
+        raise NlqError(f"the data in {where} is not what checkpoint {ck.path} was trained on: "
+                       f"{', '.join(diff)}; resume with the data it was trained on")
+    if rec_dir != now_dir:
+        return [(f"data dir moved: {rec_dir} -> {now_dir}; its files are identical (size "
+                 f"and sha256), so the run continues")]
+    return []

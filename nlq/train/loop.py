@@ -4,11 +4,14 @@ Recipe (docs/paper.md, "The training recipe"): AdamW (0.9, 0.95), grad clip 1.0,
 warmup then cosine decay to min_lr at the last step, weight decay on 2-D matrices only,
 every arm on the same batches.
 
-train() locks the run dir; set_up() builds the batches, the model and its optimizer; start()
-resumes from the latest checkpoint, if any. Then, at each step boundary: evaluate (if due),
-checkpoint (if due), stop (if done, or asked to by SIGINT / SIGTERM); then train_step():
-grad_accum micro-steps, clip, optimizer step, zero_grad. The final step always evaluates and
-saves. Process-wide tuning (nlq/train/alloc.py) is the caller's: `nlq train` applies it.
+train() locks the run dir; set_up() builds the batches, the model and its optimizer, and only
+then is a new run's config.toml written (a start that fails before leaves nothing, see
+nlq/train/rundir.py); start() resumes from the latest checkpoint, if any, once the config and
+the data are those it records (checkpoint.check_depends). Then, at each step boundary:
+evaluate (if due), checkpoint (if due), stop (if done, or asked to by SIGINT / SIGTERM); then
+train_step(): grad_accum micro-steps, clip, optimizer step, zero_grad. The final step always
+evaluates and saves. Process-wide tuning (nlq/train/alloc.py) is the caller's: `nlq train`
+applies it.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import os
 import sys
 import time
 from dataclasses import dataclass
@@ -26,15 +30,16 @@ import torch
 
 from nlq import __version__
 from nlq.config import Config, config_from_toml
-from nlq.errors import NlqError
+from nlq.errors import NlqError, os_error_text
+from nlq.extras import need
 from nlq.fsutil import write_atomic
 from nlq.model import Transformer
 from nlq.model.params import flops_per_token
-from nlq.train import checkpoint, dist, faults
+from nlq.train import checkpoint, dist, faults, init_from, memory
 from nlq.train.batches import Batches
 from nlq.train.console import PlainLog, peak_memory_mb, progress_bar, stop_on_signals
 from nlq.train.evaluate import evaluate, evaluate_test
-from nlq.train.rundir import RunDir, prepare_run_dir
+from nlq.train.rundir import RunDir, finished, prepare_run_dir
 from nlq.train.spikes import Spikes
 
 
@@ -95,6 +100,7 @@ class Run:
     fault_hooks: faults.Faults | None  # NLQ_FAULT's kill points (the crash tests), else None
     params: dict[str, int]  # parameter counts, for the meta row and the summary
     spikes: Spikes  # the spike detector (nlq/train/spikes.py), restored on resume
+    init: dict | None = None  # what train.init_from loaded at step 0, for the meta row
 
 
 @dataclass
@@ -110,25 +116,49 @@ def train(cfg: Config, run_dir: str | Path, resume: bool = False, progress: bool
     """Train cfg into run_dir (or resume it); returns the summary dict. Under torchrun every
     rank calls this; rank 0 alone writes files."""
     run_dir = Path(run_dir)
-    if resume and (run_dir / "summary.json").is_file():
-        summary = json.loads((run_dir / "summary.json").read_text())
+    summary = finished(run_dir, os.environ.get("RANK", "0") == "0") if resume else None
+    if summary is not None:
         print(f"nlq: {run_dir} already finished at step {summary['step']}", file=sys.stderr)
         return summary
     world, device = dist.setup(cfg.train.device)
     files = RunDir(run_dir, world.main)
+    failed = True
     try:
+        if cfg.train.wandb_project and world.main:  # asked for but not installed: say so first
+            need("wandb", "train.wandb_project")
+        # before anything is allocated or written: a config too large for this machine is
+        # one line naming its key, not an allocator traceback minutes later
+        memory.check_fits(cfg, device, procs=int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+                          if device.type == "cpu" else 1,
+                          shards=world.size if cfg.train.parallel == "fsdp" else 1)
+        # train.init_from is read and checked before a new run dir is made (a bad one leaves
+        # nothing behind), and at step 0 only: a resumed run continues from its checkpoint
+        init = None if resume else init_from.read(cfg)
         if world.main:
             cfg = prepare_run_dir(cfg, files, resume)
         elif resume:
             cfg = config_from_toml((run_dir / "config.toml").read_text())
-        return _train(set_up(cfg, files, world, device), resume, progress)
+        if resume and not checkpoint.any_saved(run_dir):  # it starts again from step 0
+            init = init_from.read(cfg)
+        run = set_up(cfg, files, world, device, init)
+        del init  # its tensors are the model's now
+        if world.main:
+            files.depends = checkpoint.depends(cfg)  # recorded by checkpoints, checked on resume
+            if not resume:
+                files.write_config(cfg)  # the run exists from here: it is set up
+        summary = _train(run, resume, progress)
+        failed = False
+        return summary
     except OSError as e:  # metrics, tb events or summary.json on a full or read-only disk
-        where = f" ({e.filename})" if e.filename else ""
-        raise NlqError(f"I/O error in run dir {run_dir}: {e.strerror or e}{where}; its "
-                       f"checkpoints are kept: free space or fix permissions, then "
-                       f"`nlq train --resume {run_dir}`") from None
+        try:
+            kept = checkpoint.any_saved(run_dir)
+        except OSError:  # e.g. a run dir path too long to look into
+            kept = False
+        then = (f"; its checkpoints are kept: then `nlq train --resume {run_dir}`" if kept
+                else "")
+        raise NlqError(f"I/O error in run {run_dir}: {os_error_text(e)}{then}") from None
     finally:
-        files.close()
+        files.close(failed)  # a new run that failed before it was set up leaves nothing
         dist.teardown(world)
 
 
@@ -200,13 +230,18 @@ def _train(run: Run, resume: bool, progress: bool) -> dict:
     return finish(run, pos, val_loss, val_ppl)
 
 
-def set_up(cfg: Config, files: RunDir, world: dist.World, device: torch.device) -> Run:
+def set_up(cfg: Config, files: RunDir, world: dist.World, device: torch.device,
+           init: init_from.Init | None = None) -> Run:
     """The batches (the data is checked before any model is built), the model initialised
-    from train.seed, compiled per block and wrapped for DDP / FSDP2 (nlq/train/dist.py), its
-    optimizer, the precision, and NLQ_FAULT's hooks where the crash tests set it."""
+    from train.seed (then from init, train.init_from's tensors, where given), compiled per
+    block and wrapped for DDP / FSDP2 (nlq/train/dist.py), its optimizer, the precision, and
+    NLQ_FAULT's hooks where the crash tests set it."""
     t = cfg.train
     batches = Batches(cfg, world, device)
-    model = Transformer(cfg.model, seed=t.seed).to(device)  # init keyed by (seed, name)
+    model = Transformer(cfg.model, seed=t.seed)  # init keyed by (seed, name)
+    if init is not None:
+        init_from.apply(init, model, verbose=world.main)
+    model = model.to(device)
     params = {"params_total": model.num_params(),
               "params_non_embedding": model.num_params(non_embedding=True)}
     if t.compile:
@@ -222,7 +257,7 @@ def set_up(cfg: Config, files: RunDir, world: dist.World, device: torch.device) 
     if armed is not None:
         armed.attach(model, optimizer)
     return Run(cfg, world, device, files, batches, wrapped, optimizer, autocast, armed, params,
-               Spikes())
+               Spikes(), init=init.record() if init is not None else None)
 
 
 def start(run: Run, resume: bool) -> tuple[Position, bool]:
@@ -244,6 +279,9 @@ def start(run: Run, resume: bool) -> tuple[Position, bool]:
         if ck.state.get("model_config") != cfg.to_dict()["model"]:
             raise NlqError(f"checkpoint {ck.path} was written for another model config than "
                            f"{run_dir / 'config.toml'}")
+        if world.main:  # the config and the data it was trained on, unchanged
+            for warning in checkpoint.check_depends(ck, run.files.depends, run_dir):
+                print(f"nlq: warning: {warning}", file=sys.stderr)
         sd = dict(ck.model)
         if cfg.model.tie_embeddings:
             sd["lm_head.weight"] = sd["wte.weight"]
@@ -258,9 +296,12 @@ def start(run: Run, resume: bool) -> tuple[Position, bool]:
         metrics_offset = ck.state["metrics_bytes"]
     if world.main:
         run.files.open_logs(metrics_offset, pos.step)
+        if cfg.train.wandb_project:
+            run.files.open_wandb(cfg.train.wandb_project, cfg.to_dict())
         if fresh:
+            init = {"init_from": run.init} if run.init else {}
             run.files.log({"kind": "meta", "step": 0, **run.params, "nlq_version": __version__,
-                           "world_size": world.size, "device": str(run.device)})
+                           "world_size": world.size, "device": str(run.device), **init})
     return pos, fresh
 
 
@@ -288,10 +329,11 @@ def train_step(run: Run, step: int) -> tuple[float, float, float]:
                       else grad_norm)
     train_loss = dist.all_reduce_sum(loss_sum / len(micros), world).item() / world.size
     if not (math.isfinite(train_loss) and math.isfinite(grad_norm)):
+        kept = (f"the last good checkpoint in {run.files.path / 'ckpt'} is kept"
+                if checkpoint.any_saved(run.files.path) else "no checkpoint was written yet")
         raise Diverged(  # step + 1: the step being computed, as metrics count steps
             f"training diverged at step {step + 1}: loss {train_loss}, grad norm "
-            f"{grad_norm} (lr {lr:.3g}); the last good checkpoint in "
-            f"{run.files.path / 'ckpt'} is kept: lower train.lr or raise warmup_steps")
+            f"{grad_norm} (lr {lr:.3g}); {kept}: lower train.lr or raise warmup_steps")
     run.optimizer.step()
     run.optimizer.zero_grad(set_to_none=True)
     return lr, train_loss, grad_norm
@@ -311,7 +353,7 @@ def save_checkpoint(run: Run, pos: Position) -> None:
              "param_groups": checkpoint.groups_json(optim_sd["param_groups"]),
              "world_size": run.world.size, "nlq_version": __version__,
              "rng": "derived: dropout reseeded from (train.seed, step, rank)",
-             "spikes": run.spikes.state()}
+             "spikes": run.spikes.state(), "depends": run.files.depends}
     checkpoint.save(run.files.path, pos.step, {k: v.contiguous() for k, v in model_sd.items()},
                     checkpoint.optim_to_flat(optim_sd), state, cfg.train.keep_checkpoints,
                     on_stage=run.fault_hooks and run.fault_hooks.checkpoint_stage)

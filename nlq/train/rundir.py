@@ -1,18 +1,35 @@
 """A run dir: config.toml, metrics.jsonl, tb/, ckpt/ (nlq/train/checkpoint.py), summary.json,
-and a lock so two processes never write one run. Rank 0 alone writes it."""
+test_docs.json, and a lock so two processes never write one run. Rank 0 alone writes it.
+
+A new run goes into a new or empty folder, or one holding only what `nlq reproduce` puts
+there before it starts a run (arm.json, train.log) and the `.lock` of a killed start: a folder
+holding anything else is someone else's, and is refused untouched. A run exists once it has
+started, that is once it is set up (model, data, optimizer): its config.toml is written then,
+and a start that fails before removes what it created (never what was there before), so the
+corrected command can use the same --out. A run that fails later (a NaN at step 1) exists:
+`--resume` continues it. nlq never writes a file of a run dir through a symlink (O_NOFOLLOW;
+O_EXCL where it creates one); ckpt/ and tb/ may be symlinked folders (on a larger disk).
+"""
 
 from __future__ import annotations
 
 import contextlib
-import fcntl
+import errno
 import json
 import os
+import shutil
+import sys
 from pathlib import Path
 
 from nlq.config import Config, config_from_toml
 from nlq.data.schedule import TokenData
 from nlq.errors import NlqError
-from nlq.fsutil import write_atomic
+from nlq.fsutil import Locked, lock, unlock, write_atomic
+
+# What may be in a folder before a new run starts there: `nlq reproduce` writes arm.json and
+# opens train.log before it starts `nlq train`; a start killed before its config.toml leaves
+# .lock (holding its pid; empty when an earlier nlq wrote it).
+BEFORE_START = ("arm.json", "train.log", ".lock")
 
 
 class RunDir:
@@ -21,29 +38,80 @@ class RunDir:
     def __init__(self, path: Path, main: bool):
         self.path, self.main = path, main
         self.metrics_path = path / "metrics.jsonl"
+        self.depends: dict | None = None  # what checkpoints record (checkpoint.depends)
         self._metrics = None
         self._tb = None
-        self._lock = None
+        self._wandb = None
+        self._lock_fd: int | None = None
+        self._before: set[str] | None = None  # a new run: the names there before it started
+        self._made: Path | None = None  # a new run: the outermost folder its start made
+        self._started = False  # a new run: its config.toml is written
 
     def lock(self) -> None:
+        """Hold RUN/.lock until close(); a second process on the run dir is refused."""
+        path = self.path / ".lock"
         try:
-            # held open (and locked) until close(): the lock lives as long as the run
-            self._lock = open(self.path / ".lock", "w")  # noqa: SIM115
-        except OSError as e:  # a read-only dir, a file where the dir should be
+            self._lock_fd = lock(path)
+        except Locked as e:
+            raise NlqError(f"another `nlq train` is running on {self.path} (process {e.pid} "
+                           f"holds {path}); wait for it or use another --out") from None
+        except OSError as e:  # a read-only dir, a file where the dir should be, a symlink
+            if e.errno == errno.ELOOP:
+                raise NlqError(f"{path} is a symbolic link: nlq never writes through one "
+                               f"(remove it if it is yours)") from None
             raise NlqError(f"cannot write run dir {self.path}: {e.strerror or e}") from None
+
+    def create(self) -> None:
+        """A new run: refuse a folder that holds a run or files that are not nlq's, make the
+        folder, lock it, and note what was there (close(failed=True) removes the rest)."""
+        d = self.path
+        if d.is_dir():
+            names = os.listdir(d)
+            if "config.toml" not in names and "ckpt" not in names:
+                foreign = [n + (" (a symbolic link)" if (d / n).is_symlink() else "")
+                           for n in sorted(names) if not _before_start(d / n)]
+                if foreign:
+                    more = f" and {len(foreign) - 3} more" if len(foreign) > 3 else ""
+                    raise NlqError(
+                        f"--out {d} is not empty and is not an nlq run dir (it holds "
+                        f"{', '.join(foreign[:3])}{more}): a new run goes into a new or empty "
+                        f"folder; choose another --out")
+        made = None if d.exists() or d.is_symlink() else d
+        while made is not None and not made.parent.exists() and made.parent != made:
+            made = made.parent
         try:
-            fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise NlqError(f"another `nlq train` is running on {self.path} (it holds "
-                           f"{self.path / '.lock'}); wait for it or use another --out") from None
+            d.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise NlqError(f"cannot write run dir {d}: {e.strerror or e}") from None
+        self._made = made
+        self.lock()
+        if (d / "ckpt").exists() or (d / "config.toml").exists():
+            raise NlqError(f"run dir {d} already holds a run: continue it with "
+                           f"`nlq train --resume {d}` or choose another --out")
+        self._before = set(os.listdir(d))
+
+    def write_config(self, cfg: Config) -> None:
+        """The resolved config, written once the run is set up: from here on it exists."""
+        write_atomic(self.path / "config.toml", cfg.to_toml())
+        self._started = True
 
     def open_logs(self, truncate_to: int | None, step: int) -> None:
         """Open metrics.jsonl for appending and the tensorboard writer. A resumed run passes
         the metrics size its checkpoint recorded: what was written after it is dropped."""
-        if truncate_to is not None and self.metrics_path.exists():
+        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW
+        if truncate_to is None:
+            flags |= os.O_EXCL  # a new run: the file is its own to create
+        try:
+            fd = os.open(self.metrics_path, flags, 0o666)
+        except OSError as e:
+            if e.errno == errno.ELOOP:
+                raise NlqError(f"{self.metrics_path} is a symbolic link: nlq never writes "
+                               f"through one (remove it if it is yours)") from None
+            raise
+        if truncate_to is not None and os.fstat(fd).st_size > truncate_to:
             # drop the lines written after the checkpoint we resume from
-            os.truncate(self.metrics_path, truncate_to)
-        self._metrics = open(self.metrics_path, "a")  # noqa: SIM115 - open for the whole run
+            os.ftruncate(fd, truncate_to)
+        self._metrics = os.fdopen(fd, "a")
         try:
             from torch.utils.tensorboard import SummaryWriter
 
@@ -52,9 +120,17 @@ class RunDir:
         except ImportError:  # tensorboard is optional at run time
             self._tb = None
 
+    def open_wandb(self, project: str, config: dict) -> None:
+        """Mirror every row to W&B too (train.wandb_project; nlq/train/wandb_log.py)."""
+        from nlq.train.wandb_log import WandbLog
+
+        self._wandb = WandbLog(project, self.path, config)
+
     def log(self, row: dict) -> None:
         self._metrics.write(json.dumps(row) + "\n")
         self._metrics.flush()
+        if self._wandb is not None:
+            self._wandb.log(row)
         if self._tb is not None:
             for k, v in row.items():
                 if k not in ("kind", "step") and isinstance(v, (int, float)):
@@ -64,21 +140,88 @@ class RunDir:
         """The size of metrics.jsonl, every row on disk: what a checkpoint records."""
         self._metrics.flush()
         os.fsync(self._metrics.fileno())
-        return self.metrics_path.stat().st_size
+        return os.fstat(self._metrics.fileno()).st_size
 
-    def close(self) -> None:
-        for f in (self._metrics, self._tb, self._lock):
+    def close(self, failed: bool = False) -> None:
+        """Close the logs and release the lock. failed: a new run that ended in an error before
+        it started (write_config) is undone: what its start created is removed."""
+        for f in (self._metrics, self._tb, self._wandb):
             if f is not None:
                 # on a full disk a close may fail to flush; the error that got us here is
                 # the one to report (metrics rows are flushed as they are written)
                 with contextlib.suppress(OSError):
-                    f.close()  # closing the lock file releases the lock
+                    f.close()
+        undo = failed and self._before is not None and not self._started
+        if undo:  # under the lock: no other process is writing here
+            for name in sorted(set(os.listdir(self.path)) - self._before - {".lock"}):
+                p = self.path / name
+                with contextlib.suppress(OSError):
+                    if p.is_dir() and not p.is_symlink():
+                        shutil.rmtree(p)
+                    else:
+                        p.unlink()
+        if self._lock_fd is not None:
+            unlock(self.path / ".lock", self._lock_fd)  # removes .lock
+            self._lock_fd = None
+        if undo and self._made is not None:  # the folders this start made, if now empty
+            d = self.path
+            while True:
+                try:
+                    d.rmdir()
+                except OSError:
+                    break
+                if d == self._made:
+                    break
+                d = d.parent
+
+
+def _before_start(p: Path) -> bool:
+    """Whether p is a file nlq puts in a run dir before its run starts (BEFORE_START): a
+    plain file (never a symlink), and a .lock holding at most a pid."""
+    if p.name not in BEFORE_START or p.is_symlink() or not p.is_file():
+        return False
+    if p.name != ".lock":
+        return True
+    try:
+        text = p.read_bytes()[:65]
+    except OSError:
+        return False
+    return len(text) <= 64 and (text.strip().isdigit() or not text.strip())
+
+
+def read_summary(run_dir: Path) -> tuple[dict | None, str | None]:
+    """RUN/summary.json of a finished run: (summary, None); (None, None) when there is none;
+    (None, why) when it is there but is not a finished run's summary (not JSON, not an
+    object, no status "finished" or no integer step)."""
+    path = run_dir / "summary.json"
+    try:
+        s = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return None, None
+    except (OSError, ValueError) as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        return None, (f"is not valid JSON ({e})" if isinstance(e, ValueError)
+                      else f"cannot be read ({e.strerror or e})")
+    if not isinstance(s, dict) or s.get("status") != "finished":
+        return None, "is not a finished run's summary (no status \"finished\")"
+    if not isinstance(s.get("step"), int) or isinstance(s.get("step"), bool):
+        return None, f"has no integer step (step = {s.get('step')!r})"
+    return s, None
+
+
+def finished(run_dir: Path, main: bool) -> dict | None:
+    """--resume of a finished run: its summary (the resume has nothing to do). A summary.json
+    that is not a finished run's is ignored with a warning: the resume continues from the last
+    checkpoint (the final one recomputes only its evaluation) and writes it again."""
+    summary, why = read_summary(run_dir)
+    if why is not None and main:
+        print(f"nlq: warning: {run_dir / 'summary.json'} {why}: ignored; resuming from the "
+              f"last checkpoint writes it again", file=sys.stderr)
+    return summary
 
 
 def prepare_run_dir(cfg: Config, run: RunDir, resume: bool) -> Config:
-    """Lock the run dir first (so a second process is told about the first one). New run:
-    check the data, then create the dir and write the resolved config; a failed start leaves
-    no run dir behind. Resume: read the config back."""
+    """Resume: lock the run dir and read its config back. New run: check the data, then
+    make and lock the run dir (RunDir.create); the config is written once set up."""
     run_dir, cfg_path = run.path, run.path / "config.toml"
     if resume:
         if not cfg_path.is_file():
@@ -86,13 +229,5 @@ def prepare_run_dir(cfg: Config, run: RunDir, resume: bool) -> Config:
         run.lock()
         return config_from_toml(cfg_path.read_text())
     TokenData.open(cfg.data.dir).check(cfg.model.vocab_size, cfg.model.block_size)
-    try:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        run.lock()
-        if (run_dir / "ckpt").exists() or cfg_path.exists():
-            raise NlqError(f"run dir {run_dir} already holds a run: continue it with "
-                           f"`nlq train --resume {run_dir}` or choose another --out")
-        write_atomic(cfg_path, cfg.to_toml())
-    except OSError as e:
-        raise NlqError(f"cannot write run dir {run_dir}: {e.strerror or e}") from None
+    run.create()
     return cfg

@@ -224,7 +224,7 @@ def build_cases(tmp: Path, data: Path, ref: Path, nl: Path) -> dict[str, Case]:
     on_data("ids in train.bin beyond meta.json's vocab", d,
             names=("train.bin", "60000", "vocab_size 301", "step 1"))
     # found at the first step that reads one (scanning a 9B-token bin up front would cost
-    # minutes): the run dir exists then, without a checkpoint
+    # minutes): the run has started then (its config.toml is written), without a checkpoint
     c["ids in train.bin beyond meta.json's vocab"].absent = ()
     d = edit_meta(bad_data("empty-val"), val_tokens=0)
     (d / "val.bin").write_bytes(b"")
@@ -277,6 +277,7 @@ def build_cases(tmp: Path, data: Path, ref: Path, nl: Path) -> dict[str, Case]:
     shutil.copytree(nl / "ckpt" / "step_000006", run / "ckpt" / "step_000006")
     st = run / "ckpt" / "step_000006" / "state.json"  # claims to be of this model: it lies
     state = json.loads(st.read_text())
+    state["depends"]["config"] = cfg.to_dict()
     st.write_text(json.dumps({**state, "model_config": cfg.to_dict()["model"]}))
     resume("checkpoint of another shape", run, ("step_000006", "does not fit", "q.w1.weight"),
            unchanged=(run,))
