@@ -204,6 +204,22 @@ def test_one_seed_ordering_and_strong_baseline(tmp_path):
     assert "(1 seed, no CI)" in md and "holds here" in md and "QK-norm baseline qk" in md
 
 
+def test_no_gain_over_the_baseline_has_none_to_survive(tmp_path):
+    """nonlinear no better than linear, both clearly better than qk: "yes, it survives" would
+    claim a gain that is not there; the answer says so and only describes the pair."""
+    exp, data_dir = tmp_path / "exp", None
+    for seed, shift in ((0, 0.0), (1, 0.02), (2, -0.01)):
+        noise = (0.01, -0.012, 0.003)[seed]  # nonlinear - linear spans 0
+        make_run(exp, "linear", seed, [9, 6, 5, 4.50 + shift], data_dir=data_dir)
+        make_run(exp, "nonlinear", seed, [9, 6, 5, 4.50 + shift + noise],
+                 {"model.query": "nonlinear"}, data_dir=data_dir)
+        make_run(exp, "qk", seed, [9, 6, 5, 4.70 + shift], {"model.qk_norm": True},
+                 data_dir=data_dir)
+    [s] = build_report([exp], tmp_path / "out")["strong_baseline"]
+    assert s["survives"].startswith("no gain over linear is shown here")
+    assert "below qk" in s["answer"]
+
+
 GOLDEN_MD = Path(__file__).parent / "golden" / "report_synthetic.md"
 
 

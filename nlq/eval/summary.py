@@ -186,8 +186,11 @@ def ordering(rows: dict[str, dict], by_arm: dict[str, list[Run]], claims: Claims
             "paired": {k: p.to_dict() for k, p in pairs.items()}, "answer": ans}
 
 
-def strong_baseline(rows: dict[str, dict], by_arm: dict[str, list[Run]]) -> list[dict]:
-    """For each QK-norm linear arm: does each nonlinear arm's gain survive against it?"""
+def strong_baseline(rows: dict[str, dict], by_arm: dict[str, list[Run]],
+                    baseline: str) -> list[dict]:
+    """For each QK-norm linear arm: does each nonlinear arm's gain survive against it? Only a
+    gain shown over the baseline (its paired interval below 0) can survive; without one the
+    answer says so, and the comparison with the QK-norm arm is only described."""
     strong = [a for a, r in rows.items() if r["qk_norm"] and r["query"] == "linear"]
     nonlin = [a for a, r in rows.items() if r["query"] == "nonlinear"]
     out = []
@@ -195,8 +198,12 @@ def strong_baseline(rows: dict[str, dict], by_arm: dict[str, list[Run]]) -> list
         for n in nonlin:
             pair = paired(final(by_arm[n]), final(by_arm[s]))
             e = pair.log_loss()
+            gain = (paired(final(by_arm[n]), final(by_arm[baseline])).log_loss()
+                    if baseline in by_arm else None)
             if e is None or not e.has_interval:
                 head = "undetermined"
+            elif gain is None or not gain.has_interval or gain.hi >= 0:
+                head = f"no gain over {baseline} is shown here, so none to survive; described"
             elif e.hi < 0:
                 head = "yes"
             elif e.lo > 0:
@@ -321,7 +328,7 @@ def summarize(runs: list[Run], baseline: str = "linear", title: str = "nlq repor
                        "spikes": r.summary.get("spikes", [])}
                       for r in done if r.summary.get("n_spikes")],
         "ordering": order,
-        "strong_baseline": strong_baseline(rows, by_arm),
+        "strong_baseline": strong_baseline(rows, by_arm, baseline),
         "incomplete": [{"run_dir": str(r.dir), "arm": r.arm, "seed": r.seed,
                         "last_eval_step": r.last_step, "reason": r.problem}
                        for r in runs if not r.finished],

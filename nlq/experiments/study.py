@@ -255,5 +255,6 @@ def study(ladder_path: str | Path | None, names: list[str] | None, out: Path, jo
             continue
         print(f"study: rung {n}: {r.description}", file=sys.stderr)
         rc = run_rung(ladder, r, out / n, jobs) or rc
+        build_study_report(ladder, out)  # after every rung: a study stopped later shows it
     build_study_report(ladder, out)
     return rc
