@@ -22,7 +22,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from nlq.config import Config, from_dict
+from nlq.config import Config, ModelConfig, from_dict
 
 ROOT = Path(__file__).resolve().parents[1]
 # subprocesses run on the interpreter that runs pytest: any venv with `pip install -e ".[dev]"`
@@ -302,3 +302,19 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(n)
+
+
+def o1_model(vocab_size: int, block_size: int, **kw):
+    """A small nlq Transformer (2 layers, d 32, 4 heads) with O(1) random weights and
+    non-trivial norms: logits that differ clearly wherever two implementations differ."""
+    from nlq.model.transformer import Transformer
+
+    cfg = ModelConfig(vocab_size=vocab_size, block_size=block_size, n_layer=2, n_head=4,
+                      d_model=32, mlp_hidden=80, **kw)
+    m = Transformer(cfg, seed=3).eval()
+    with torch.no_grad():
+        g = torch.Generator().manual_seed(1)
+        for name, p in m.named_parameters():
+            noise = torch.randn(p.shape, generator=g)
+            p.copy_(1 + 0.2 * noise if "norm" in name or ".ln_" in name else 0.3 * noise)
+    return m

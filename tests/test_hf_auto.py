@@ -11,6 +11,7 @@ import sys
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers import o1_model
 
 from nlq.cli import main
 from nlq.config import ModelConfig
@@ -36,15 +37,7 @@ ARMS = {
 
 
 def model(**kw) -> Transformer:
-    cfg = ModelConfig(vocab_size=V, block_size=T, n_layer=2, n_head=4, d_model=32,
-                      mlp_hidden=80, **kw)
-    m = Transformer(cfg, seed=3).eval()
-    with torch.no_grad():  # O(1) weights and non-trivial norms, biases included
-        g = torch.Generator().manual_seed(1)
-        for name, p in m.named_parameters():
-            noise = torch.randn(p.shape, generator=g)
-            p.copy_(1 + 0.2 * noise if "norm" in name or ".ln_" in name else 0.3 * noise)
-    return m
+    return o1_model(V, T, **kw)
 
 
 @pytest.mark.parametrize("arm", ARMS)

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+from helpers import o1_model
 
-from nlq.config import ModelConfig
 from nlq.errors import NlqError
 from nlq.model.transformer import Transformer
 
@@ -15,15 +15,7 @@ from nlq.hf.gpt2 import save_gpt2, to_gpt2
 
 
 def model(**kw) -> Transformer:
-    cfg = ModelConfig(vocab_size=97, block_size=24, n_layer=2, n_head=4, d_model=32,
-                      mlp_hidden=80, **kw)
-    m = Transformer(cfg, seed=3).eval()
-    with torch.no_grad():  # O(1) weights and non-trivial norms, biases included
-        g = torch.Generator().manual_seed(1)
-        for name, p in m.named_parameters():
-            noise = torch.randn(p.shape, generator=g)
-            p.copy_(1 + 0.2 * noise if name.endswith("ln_1.weight") else 0.3 * noise)
-    return m
+    return o1_model(97, 24, **kw)
 
 
 @pytest.mark.parametrize("kw", [{"bias": True}, {"bias": False},
