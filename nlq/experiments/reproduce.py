@@ -296,6 +296,13 @@ def reproduce(experiment: str, preset: str, seeds: int, arm_names: list[str] | N
         lrs = read_sweep_lrs(lrs_from, preset, sets, sorted({s.arm for s in specs}))
         specs = with_lrs(specs, lrs["lrs"])
     states = run_states(specs)  # a run dir of another config is refused before any write
+    cost_only = preset == "gpt3-small" and not torch.cuda.is_available() and not force
+    if not cost_only:  # a config that cannot fit is refused before any write, too
+        from nlq.train.dist import resolve_device
+        from nlq.train.memory import check_fits
+
+        for cfg in {s.arm: s.cfg for s in specs}.values():  # `jobs` runs share this machine
+            check_fits(cfg, resolve_device(cfg.train.device), procs=min(jobs, len(specs)))
     out.mkdir(parents=True, exist_ok=True)
     if lrs is not None:
         write_atomic(out / "lrs.json", json.dumps(lrs, indent=2))
@@ -304,14 +311,9 @@ def reproduce(experiment: str, preset: str, seeds: int, arm_names: list[str] | N
     (out / "configs").mkdir(exist_ok=True)
     for s in specs:
         write_atomic(out / "configs" / s.config_name, s.cfg.to_toml())
-    if preset == "gpt3-small" and not torch.cuda.is_available() and not force:
+    if cost_only:  # the configs written above are what the printed commands train
         print_cost(specs, out)
         return 0
-    from nlq.train.dist import resolve_device
-    from nlq.train.memory import check_fits
-
-    for cfg in {s.arm: s.cfg for s in specs}.values():  # `jobs` runs share this machine
-        check_fits(cfg, resolve_device(cfg.train.device), procs=min(jobs, len(specs)))
     ensure_data(preset, specs[0].cfg)
     t0 = time.time()
     failed = run_all(specs, exp, jobs, out, states)

@@ -114,6 +114,15 @@ def test_reported_sizes_are_refused(okc, zygote, tmp_path):
         assert not (tmp_path / "run").exists()
 
 
+def test_reproduce_refuses_a_size_before_writing_anything(zygote, tmp_path):
+    out = tmp_path / "exp"
+    p, wall = timed(zygote, "reproduce", "--preset", "tiny", "--seeds", "2", "--arms",
+                    "linear,nonlinear", "--out", out, "--set", "model.n_layer=100000000",
+                    timeout=60)
+    assert "model.n_layer" in one_error_line(p) and wall < 30
+    assert not out.exists()
+
+
 def test_nlq_params_counts_a_huge_model_at_once(zygote):
     """`nlq params --set model.n_layer=100000` (300 s before: it built every layer on the
     meta device) answers within seconds, and its count is what blocks add up to: the count at
