@@ -159,6 +159,10 @@ def train(cfg: Config, run_dir: str | Path, resume: bool = False, progress: bool
         raise NlqError(f"I/O error in run {run_dir}: {os_error_text(e)}{then}") from None
     finally:
         files.close(failed)  # a new run that failed before it was set up leaves nothing
+        # The DDP model goes before the process group: freed after destroy_process_group, its
+        # reducer's gloo group is destroyed holding the GIL while its worker thread waits for
+        # the GIL to free the barrier's tensors, a deadlock at exit (seen under torchrun).
+        run = None
         dist.teardown(world)
 
 
