@@ -378,3 +378,29 @@ def test_wandb_asked_for_but_not_installed_is_one_error(data, tmp_path, monkeypa
     with pytest.raises(NlqError, match=r"train.wandb_project.*nlq\[wandb\]"):
         train(cfg, tmp_path / "run", progress=False)
     assert not (tmp_path / "run").exists()
+
+
+def test_the_model_is_freed_before_the_process_group_is_torn_down(data, tmp_path, monkeypatch):
+    """Under torchrun a DDP model freed after destroy_process_group can deadlock at exit (its
+    reducer's gloo group is destroyed holding the GIL while a worker thread waits for it), so
+    train() must drop its model before dist.teardown: checked here with a weak reference."""
+    import weakref
+
+    from nlq.train import loop
+
+    refs, alive_at_teardown = [], []
+    set_up, teardown = loop.set_up, loop.dist.teardown
+
+    def spy_set_up(*args, **kwargs):
+        run = set_up(*args, **kwargs)
+        refs.append(weakref.ref(run.wrapped))
+        return run
+
+    def spy_teardown(world):
+        alive_at_teardown.append(refs[0]() is not None)
+        teardown(world)
+
+    monkeypatch.setattr(loop, "set_up", spy_set_up)
+    monkeypatch.setattr(loop.dist, "teardown", spy_teardown)
+    train(tiny_config(data), tmp_path / "run", progress=False)
+    assert alive_at_teardown == [False]

@@ -17,6 +17,7 @@ applies it.
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
 import math
 import os
@@ -161,8 +162,10 @@ def train(cfg: Config, run_dir: str | Path, resume: bool = False, progress: bool
         files.close(failed)  # a new run that failed before it was set up leaves nothing
         # The DDP model goes before the process group: freed after destroy_process_group, its
         # reducer's gloo group is destroyed holding the GIL while its worker thread waits for
-        # the GIL to free the barrier's tensors, a deadlock at exit (seen under torchrun).
+        # the GIL to free the barrier's tensors, a deadlock at exit (seen under torchrun). The
+        # model sits in reference cycles, so dropping the name is not enough: collect them.
         run = None
+        gc.collect()
         dist.teardown(world)
 
 
