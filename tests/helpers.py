@@ -318,3 +318,15 @@ def o1_model(vocab_size: int, block_size: int, **kw):
             noise = torch.randn(p.shape, generator=g)
             p.copy_(1 + 0.2 * noise if "norm" in name or ".ln_" in name else 0.3 * noise)
     return m
+
+
+def freeze(proc) -> None:
+    """SIGSTOP proc and wait until it has stopped: kill() returns before the signal is acted
+    on, so a process on another core may still write a little after it."""
+    proc.send_signal(signal.SIGSTOP)
+
+    def stopped() -> bool:
+        stat = Path(f"/proc/{proc.pid}/stat").read_text()
+        return stat[stat.rindex(")") + 2] in "Tt"  # the field after "(comm)": the state
+
+    wait_for(stopped, timeout=30, what=f"process {proc.pid} to stop")

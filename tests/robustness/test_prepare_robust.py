@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import assert_user_error, ok, snapshot, wait_for
+from helpers import assert_user_error, freeze, ok, snapshot, wait_for
 
 from nlq.data.prepare import LOCK, TMP_NAMES
 from nlq.data.schedule import TokenData
@@ -138,7 +138,7 @@ def test_second_prepare_is_refused_naming_the_first(zygote, big, earlier):
     out, _ = earlier
     first = start_big(zygote, big, out)
     try:
-        first.send_signal(signal.SIGSTOP)
+        freeze(first)
         before = snapshot(out)
         t0 = time.monotonic()
         p = prepare(zygote, big, out, "--force")

@@ -37,6 +37,7 @@ from helpers import (
     assert_same_final,
     assert_user_error,
     final_ckpt,
+    freeze,
     interrupted_step,
     metrics,
     n_rows,
@@ -223,7 +224,7 @@ def test_second_process_refused_and_writes_nothing(long, tmp_path, zygote):
     try:
         wait_for(lambda: n_rows(run, "train") >= 3 or first.poll() is not None,
                  what="the first run to train")
-        first.send_signal(signal.SIGSTOP)
+        freeze(first)
         assert first.poll() is None, "the first run ended too early"
         before = snapshot(run)
         others = [zygote.start("train", cfg_path, "--out", run, "--no-progress"),
