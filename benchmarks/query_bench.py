@@ -6,7 +6,7 @@ round, `--iters` rounds, the median per variant:
     linear              Q = X W_Q (one (N, C) x (C, C) GEMM forward, two backward)
     nonlinear           the paper's f (docs/paper.md, "The nonlinear query") as nlq runs it,
                         on CPU its hand-written fused autograd kernel (nlq/model/kernels.py)
-    nonlinear+modules   the same f under kernels.disabled(): plain nn modules (RMSNorm,
+    nonlinear+modules   the same f without apply_fast_paths: plain nn modules (RMSNorm,
                         Linear, GELU, Linear, LayerNorm)
 A call is forward + backward of a fixed upstream gradient, with fresh parameter and input
 gradients. Between calls a 64 MiB buffer is written (`--warm` skips it): in a training step
@@ -23,7 +23,6 @@ Writes benchmarks/results/query_bench-<date>-<commit>.json (benchmarks/record.py
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import statistics
 import sys
@@ -56,11 +55,10 @@ def build(shape: str, variant: str):
     for p in q.parameters():  # GPT-2-like scale (exact zeros and ones would be atypical)
         if p.dim() == 2:
             torch.nn.init.normal_(p, 0.0, 0.02)
-    paths = contextlib.nullcontext
-    if variant.endswith("+modules"):
-        from nlq.model import kernels
+    if not variant.endswith("+modules"):  # the CPU kernels, as training applies them
+        from nlq.model.fast import apply_fast_paths
 
-        paths = kernels.disabled
+        apply_fast_paths(q)
     x = torch.randn(N, C).requires_grad_()  # (N, C): the block's normalised input, flattened
     dq = torch.randn(N, C)
     leaves = [x, *q.parameters()]
@@ -68,8 +66,7 @@ def build(shape: str, variant: str):
     def call():
         for t in leaves:
             t.grad = None
-        with paths():
-            q(x).backward(dq)
+        q(x).backward(dq)
 
     return N, C, call
 

@@ -25,7 +25,7 @@ check nlq's linear arm is never slower. Modifiers after "+" change how a variant
             CPU fast paths) instead of nlq/model/loss.py's chunked loss;
   +glibc    glibc's default malloc thresholds instead of nlq/train/alloc.py's;
   +compile  train.compile = true (torch.compile of every block);
-  +modules  every step under nlq.model.kernels.disabled(): the hand-written CPU autograd
+  +modules  the model without nlq.model.apply_fast_paths: the hand-written CPU autograd
             kernels (the nonlinear query's fused node among them) off, each module on its
             plain reference path.
 Every variant runs as `nlq train` would (the allocator tuning applies to the reference too,
@@ -46,7 +46,6 @@ torch, date, commit, command; results.mode says which of the two ran).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import math
 import os
@@ -101,7 +100,7 @@ def build(shape: str, variant: str):
 
     from nlq.config import load_config
     from nlq.data.schedule import train_batch
-    from nlq.model import Transformer
+    from nlq.model import Transformer, apply_fast_paths
     from nlq.train.loop import make_optimizer
 
     base, mods = parse_variant(variant)
@@ -146,12 +145,8 @@ def build(shape: str, variant: str):
             return logits, F.cross_entropy(logits.view(B * T, -1), targets.reshape(-1))
 
     model = (Ref() if base == "reference" else Transformer(m)).to(dev)
-    # per step, not per process: in --pairs mode the variants alternate in one process
-    paths = contextlib.nullcontext
-    if "modules" in mods:
-        from nlq.model import kernels
-
-        paths = kernels.disabled
+    if base != "reference" and "modules" not in mods:
+        apply_fast_paths(model)  # as nlq/train/loop.py does
     if t.compile:
         for block in model.blocks:  # as nlq/train/loop.py does
             block.compile()
@@ -168,10 +163,9 @@ def build(shape: str, variant: str):
         w = train_batch(data, 1, i, 0, B, 1, T)  # (B, T+1)
         x, y = w[:, :-1].to(dev), w[:, 1:].to(dev)
         t_load = time.perf_counter() - t0
-        with paths():
-            with amp:
-                _, loss = model(x, y, **kw)
-            loss.backward()
+        with amp:
+            _, loss = model(x, y, **kw)
+        loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
         return t_load

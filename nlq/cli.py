@@ -2,8 +2,8 @@
 (nlq/<package>/cli.py exposes COMMANDS = {name: (help, add_arguments, run)}).
 
 An NlqError is printed as one line `nlq: error: ...` with exit status 2, and so is an OSError
-that nothing more specific caught (a full disk, a read-only path); --debug shows the
-traceback instead. An over-long value or path in the line is cut (nlq.errors.cut_long).
+that nothing more specific caught (a full disk, a read-only path), and an exception raised by
+the code of an --import; --debug shows the traceback instead. An over-long value or path in the line is cut (nlq.errors.cut_long).
 """
 
 from __future__ import annotations
@@ -21,12 +21,23 @@ COMMAND_MODULES = ["nlq.data.cli", "nlq.train.cli", "nlq.experiments.cli", "nlq.
                    "nlq.config.cli"]
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse's answer to a bad flag or value in nlq's one form: its usage, then
+    `nlq: error: COMMAND: ...` (a subcommand's parser would say `nlq COMMAND: error:`)."""
+
+    def error(self, message: str):
+        self.print_usage(sys.stderr)
+        command = self.prog.removeprefix("nlq").strip()
+        self.exit(2, f"nlq: error: {command + ': ' if command else ''}{message}\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="nlq", description="Nonlinear-query attention: models, data, training, reports."
     )
     parser.add_argument("--version", action="version", version=f"nlq {__version__}")
-    parser.add_argument("--debug", action="store_true", help="show tracebacks on errors")
+    parser.add_argument("--debug", action="store_true",
+                        help="show tracebacks on errors (also of the code an --import runs)")
     parser.add_argument("--import", dest="imports", action="append", default=[],
                         metavar="MODULE|FILE.py",
                         help="import this first (e.g. a module that calls "
@@ -66,16 +77,24 @@ def import_user_modules(names: list[str]) -> None:
             spec = importlib.util.spec_from_file_location(f"nlq_user_{path.stem}", path)
             mod = importlib.util.module_from_spec(spec)
             sys.modules[spec.name] = mod
-            spec.loader.exec_module(mod)
+            try:
+                spec.loader.exec_module(mod)
+            except Exception as e:  # the user's code: its error, not nlq's (--debug: where)
+                del sys.modules[spec.name]
+                raise NlqError(f"--import {name} failed: {_one_line(e)}") from e
         else:
             try:
                 importlib.import_module(name)
-            except ImportError as e:
-                raise NlqError(f"--import {name}: {e}") from None
+            except Exception as e:
+                raise NlqError(f"--import {name} failed: {_one_line(e)}") from e
         if name not in done:
             done.append(name)
     if done:
         os.environ[IMPORT_ENV] = os.pathsep.join(done)
+
+
+def _one_line(e: Exception) -> str:
+    return f"{type(e).__name__}: {' '.join(str(e).split())}"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -30,8 +30,9 @@ from nlq.config import (
 )
 from nlq.config.cli import field_docs
 from nlq.errors import NlqError
+from nlq.model.fast import FastNonlinearQuery
 from nlq.model.layers import ACTIVATIONS, NORMS
-from nlq.model.query import QUERIES, NonlinearQuery
+from nlq.model.query import QUERIES, NonlinearQuery, make_query
 from nlq.model.transformer import Transformer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -49,7 +50,7 @@ def nlq(*args: str) -> subprocess.Popen:
 NON_DEFAULT = Config(
     model=ModelConfig(arch="prefix", n_layer=3, n_head=6, n_kv_head=2, d_model=96,
                       mlp_hidden=200, bias=True, query="nonlinear", attn_scale=0.0625,
-                      nl_rank=7, nl_act="silu", nl_half="explicit", pos_emb="rope",
+                      query_args={"rank": 7, "act": "silu", "half": "explicit"}, pos_emb="rope",
                       qk_norm=True, dropout=0.1),
     train=TrainConfig(lr=1.5e-3, min_lr=0.0, device="cuda:1", compile=True, warmup_steps=0),
 )
@@ -74,10 +75,10 @@ def test_toml_and_json_round_trip(cfg):
 def test_unset_optionals_stay_none():
     cfg = config_from_toml(Config().to_toml())
     m = cfg.model
-    assert (m.n_kv_head, m.mlp_hidden, m.attn_scale, m.nl_rank) == (None, None, None, None)
+    assert (m.n_kv_head, m.mlp_hidden, m.attn_scale) == (None, None, None)
     assert "n_kv_head" not in Config().to_toml()  # TOML has no null: the key is absent
     assert json.loads(Config().to_json())["model"]["n_kv_head"] is None
-    assert (m.kv_heads, m.mlp_width, m.rank) == (12, 3072, 384)
+    assert (m.kv_heads, m.mlp_width) == (12, 3072)
 
 
 def test_int_is_accepted_for_float_and_becomes_float():
@@ -115,8 +116,9 @@ BAD = [
     ({"train": {"lr": "fast"}}, "train.lr"),
     ({"train": {"lr": True}}, "train.lr"),
     ({"model": {"d_model": 100, "n_head": 12}}, "model.d_model"),
-    ({"model": {"nl_rank": 0}}, "model.nl_rank"),
-    ({"model": {"nl_rank": -3}}, "model.nl_rank"),
+    ({"model": {"query": "nonlinear", "query_args": {"rank": 0}}}, "model.query_args"),
+    ({"model": {"query": "nonlinear", "nl_rank": -3}}, "model.query_args"),  # an old key
+    ({"model": {"query": "nonlinear", "query_args": {"rank": 2.5}}}, "model.query_args"),
     ({"model": {"n_head": 12, "n_kv_head": 5}}, "model.n_kv_head"),
     ({"model": {"n_head": 4, "n_kv_head": 8}}, "model.n_kv_head"),
     ({"model": {"n_kv_head": 0}}, "model.n_kv_head"),
@@ -136,7 +138,10 @@ BAD = [
     ({"model": {"query": "quadratic"}}, "model.query"),
     ({"model": {"arch": "seq2seq"}}, "model.arch"),
     ({"model": {"pos_emb": "alibi"}}, "model.pos_emb"),
-    ({"model": {"nl_act": "swish"}}, "model.nl_act"),
+    ({"model": {"query": "nonlinear", "query_args": {"act": "swish"}}}, "model.query_args"),
+    ({"model": {"query": "nonlinear", "nl_act": "swish"}}, "model.query_args"),  # an old key
+    ({"model": {"query": "nonlinear", "nl_rank": 8, "query_args": {"rank": 8}}},
+     "model.query_args.rank"),  # one setting given the old way and the new
     ({"model": {"pos_emb": "rope", "d_model": 36, "n_head": 4}}, "model.pos_emb"),
     ({"train": {"beta2": 1.0}}, "train.beta2"),
     ({"train": {"device": "tpu"}}, "train.device"),
@@ -183,7 +188,8 @@ def test_parse_sets_reads_toml_values():
     "sets,key",
     [(["model.n_layer=2.5"], "model.n_layer"), (["model.n_layr=2"], "model.n_layr"),
      (["n_layer=2"], "n_layer"), (["model.d_model=102"], "model.d_model"),
-     (["model.nl_rank=0"], "model.nl_rank"), (["train.lr=-1"], "train.lr"),
+     (["model.query=nonlinear", "model.query_args.rank=0"], "model.query_args"),
+     (["model.query=nonlinear", "model.nl_rank=0"], "model.query_args"), (["train.lr=-1"], "train.lr"),
      (["model.query=quadratic"], "model.query"), (["model.dropout=1"], "model.dropout"),
      (["train.min_lr=1.0"], "train.min_lr"), (["model.bias=yes"], "model.bias")],
 )
@@ -313,12 +319,15 @@ def test_every_registered_query_is_a_valid_choice(query):
     assert from_dict({"model": {"query": query}}).model.query == query
 
 
-@pytest.mark.parametrize("key,registry", [("query", QUERIES), ("nl_act", ACTIVATIONS),
-                                          ("nl_in_norm", NORMS), ("nl_out_norm", NORMS)])
+@pytest.mark.parametrize("key,registry", [("query", QUERIES), ("act", ACTIVATIONS),
+                                          ("in_norm", NORMS), ("out_norm", NORMS)])
 def test_choice_errors_list_the_registry(key, registry):
-    with pytest.raises(NlqError, match=re.escape(f"model.{key}")) as e:
-        from_dict({"model": {key: "quadratic"}})
-    assert all(name in str(e.value) for name in registry)
+    model = ({"query": "quadratic"} if key == "query"
+             else {"query": "nonlinear", "query_args": {key: "quadratic"}})
+    where = "model.query" if key == "query" else "model.query_args"
+    with pytest.raises(NlqError, match=re.escape(where)) as e:
+        from_dict({"model": model})
+    assert key in str(e.value) and all(name in str(e.value) for name in registry)
 
 
 class _ScaledLinearQuery(torch.nn.Module):
@@ -357,10 +366,11 @@ def test_a_registered_variant_validates_builds_and_trains(monkeypatch):
 
 def test_a_registered_activation_is_a_valid_choice(monkeypatch):
     monkeypatch.setitem(ACTIVATIONS, "softplus", torch.nn.Softplus)
-    cfg = from_dict({"model": {"query": "nonlinear", "nl_act": "softplus", "d_model": 64,
-                               "n_head": 4}})
-    q = NonlinearQuery(cfg.model)
-    assert isinstance(q.act, torch.nn.Softplus) and not q.fused_cpu(torch.randn(1, 2, 64))
+    cfg = from_dict({"model": {"query": "nonlinear", "query_args": {"act": "softplus"},
+                               "d_model": 64, "n_head": 4}})
+    q = make_query(cfg.model)  # QUERIES["nonlinear"](cfg, **query_args)
+    assert isinstance(q, NonlinearQuery) and isinstance(q.act, torch.nn.Softplus)
+    assert not FastNonlinearQuery.fits(q)  # the CPU kernel has GELU only: the plain path
 
 
 # ---------------------------------------------------------------------------------------

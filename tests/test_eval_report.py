@@ -137,7 +137,7 @@ def test_report_numbers_recomputed_from_metrics(experiment, tmp_path):
     vs = arms["nonlinear"]["vs_baseline"]
     d = [100 * (nl[s] - base[s]) / base[s] for s in (0, 1)]
     m, lo, hi = ci2(d)
-    e = vs["log_loss_pct"]
+    e = e_ll = vs["log_loss_pct"]
     assert (e["mean"], e["lo"], e["hi"], e["n"]) == (
         pytest.approx(m), pytest.approx(lo), pytest.approx(hi), 2)
     # perplexity: exp of the interval of the log-loss difference (in nats), never below -100%
@@ -149,9 +149,14 @@ def test_report_numbers_recomputed_from_metrics(experiment, tmp_path):
     assert e["lo"] > -100
     assert arms["nonlinear"]["params_non_embedding_vs_baseline_pct"] == pytest.approx(10.0)
     assert arms["nonlinear"]["params_total_vs_baseline_pct"] == pytest.approx(100 / 30)
-    # -2.22% and -1.09%: the interval with 1 degree of freedom spans 0
-    assert ("not distinguishable from linear at this scale with 2 seeds"
-            in arms["nonlinear"]["verdict"])
+    # an arm's row against the baseline is a description; its verdict, if any, is the
+    # pre-registered comparison's (the Holm family's)
+    assert "verdict" not in arms["nonlinear"] and arms["nonlinear"]["preregistered"]
+    assert arms["nonlinear"]["descriptive"] == (
+        f"nonlinear: mean log-loss {e_ll['mean']:+.2f}% vs linear, paired 95% CI "
+        f"{e_ll['lo']:+.2f}..{e_ll['hi']:+.2f}%, 2 seeds")
+    assert saved["preregistered_verdicts"][0].startswith(
+        "no detectable difference between nonlinear and linear")
 
     assert saved["data"]["meta"][str(tmp_path / "data")]["tokenizer"] == "bpe:8192"
     [inc] = saved["incomplete"]
@@ -189,24 +194,30 @@ def test_one_seed_ordering_and_strong_baseline(tmp_path):
     exp = declare_paper(ordering_runs(tmp_path / "exp"))
     rep = build_report([exp], tmp_path / "out")
     arms = {a["arm"]: a for a in rep["arms"]}
-    assert arms["identity"]["verdict"] == ("identity: 1 seed: no interval, a single observation "
-                                           "(log-loss 2.22% above linear)")
+    assert arms["identity"]["descriptive"] == ("identity: 1 seed: no interval, a single "
+                                               "observation (log-loss 2.22% above linear)")
     assert arms["identity"]["val_loss"]["lo"] is None
-    assert arms["nonlinear"]["verdict"].startswith("nonlinear: log-loss 2.22% below linear "
-                                                   "(paired 95% CI ")
+    assert arms["nonlinear"]["descriptive"].startswith("nonlinear: mean log-loss -2.22% vs "
+                                                       "linear, paired 95% CI ")
+    # without the positive control (declare_paper drops it), linear+12.5% vs linear is no
+    # pre-registered comparison: the ordering is described, whatever its intervals show
     o = rep["ordering"]
-    assert o["holds_in_means"] and o["separated_by_intervals"]
+    assert o["holds_in_means"] and o["separated_by_intervals"] and o["status"] == "described"
     assert o["arms"] == ["nonlinear", "linear+12.5%", "linear"]
+    assert "linear+12.5% vs linear is not a pre-registered comparison" in o["answer"]
+    # nonlinear vs qk is not pre-registered either: described
     [s] = rep["strong_baseline"]
-    assert s["strong_baseline"] == "qk" and s["survives"] == "not shown"
-    assert "not distinguishable from qk" in s["answer"]
+    assert s["strong_baseline"] == "qk" and s["survives"].startswith("described")
     md = (tmp_path / "out" / "report.md").read_text()
-    assert "(1 seed, no CI)" in md and "holds here" in md and "QK-norm baseline qk" in md
+    assert "(1 seed, no CI)" in md and "holds here" not in md and "QK-norm baseline qk" in md
 
 
 def test_no_gain_over_the_baseline_has_none_to_survive(tmp_path):
     """nonlinear no better than linear, both clearly better than qk: "yes, it survives" would
-    claim a gain that is not there; the answer says so and only describes the pair."""
+    claim a gain that is not there; the answer says so and only describes the pair. Both
+    pairs are pre-registered here: outside the Holm family the pair is only described."""
+    from nlq.eval.claims import Claims
+
     exp, data_dir = tmp_path / "exp", None
     for seed, shift in ((0, 0.0), (1, 0.02), (2, -0.01)):
         noise = (0.01, -0.012, 0.003)[seed]  # nonlinear - linear spans 0
@@ -215,9 +226,13 @@ def test_no_gain_over_the_baseline_has_none_to_survive(tmp_path):
                  {"model.query": "nonlinear"}, data_dir=data_dir)
         make_run(exp, "qk", seed, [9, 6, 5, 4.70 + shift], {"model.qk_norm": True},
                  data_dir=data_dir)
-    [s] = build_report([exp], tmp_path / "out")["strong_baseline"]
+    family = Claims(comparisons=(("nonlinear", "linear"), ("nonlinear", "qk")))
+    [s] = build_report([exp], tmp_path / "out", claims=family)["strong_baseline"]
     assert s["survives"].startswith("no gain over linear is shown here")
-    assert "below qk" in s["answer"]
+    assert "vs qk, paired 95% CI" in s["answer"]
+    [s] = build_report([exp], tmp_path / "bare")["strong_baseline"]
+    assert s["survives"] == ("described (nonlinear vs linear and nonlinear vs qk: not a "
+                             "pre-registered comparison)")
 
 
 GOLDEN_MD = Path(__file__).parent / "golden" / "report_synthetic.md"
@@ -305,7 +320,7 @@ def test_cli_report(experiment, tmp_path, capsys):
     r = run_cli(experiment, cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert (experiment / "report.md").is_file() and (experiment / "fig1.png").is_file()
-    assert "not distinguishable from linear" in r.stdout
+    assert "no detectable difference between nonlinear and linear" in r.stdout
 
     from nlq.cli import main
 

@@ -4,14 +4,16 @@ the train_bench section on the CPU fast paths, says why they exist).
 - nlq/model/loss.py: the chunked output-projection + cross-entropy vs F.cross_entropy on
   materialised logits (values and gradients, float64, several chunkings, ignored rows, bf16
   autocast, a whole model's training step with tied embeddings);
-- nlq/model/kernels.py: RMSNorm's and the nonlinear query's hand-written CPU backward vs
-  the same modules under kernels.disabled() (their plain path) and gradcheck;
+- nlq/model/fast.py (apply_fast_paths, the one switch) and the kernels it swaps in
+  (nlq/model/kernels.py): RMSNorm's and the nonlinear query's hand-written CPU backward vs
+  the plain modules (a copy of the same module, not swapped) and gradcheck, and a whole
+  training step of every query variant with the switch on vs off;
 - nlq/train/alloc.py: the allocator tuning is applied and changes no result.
 """
 
 from __future__ import annotations
 
-import contextlib
+import copy
 import math
 
 import pytest
@@ -19,10 +21,11 @@ import torch
 import torch.nn.functional as F
 
 import nlq.model.loss as L
-from nlq.config import ModelConfig
 from nlq.model import kernels
+from nlq.model.config import ModelConfig
+from nlq.model.fast import FastNonlinearQuery, FastRMSNorm, apply_fast_paths
 from nlq.model.layers import RMSNorm
-from nlq.model.query import QUERIES, NonlinearQuery
+from nlq.model.query import QUERIES, NonlinearQuery, make_query
 from nlq.model.transformer import Transformer
 
 
@@ -137,53 +140,73 @@ def test_rmsnorm_cpu_path_matches_plain_path(dtype):
         norm.weight.copy_(1 + 0.3 * torch.randn(64))
     x = (3 * torch.randn(4, 10, 64, dtype=dtype)).requires_grad_()
     up = torch.randn(4, 10, 64, dtype=dtype)
-    got = norm(x)
-    with kernels.disabled():
-        want = norm(x)  # the plain path: F.rms_norm
-    assert kernels.enabled()  # and back on after the block
+    fast = apply_fast_paths(copy.deepcopy(norm))
+    assert type(fast) is FastRMSNorm and type(norm) is RMSNorm
+    got = fast(x)
+    want = norm(x)  # the plain path: F.rms_norm
     assert got.grad_fn.name() == "RMSNormCPUBackward"  # the kernel did run
     assert "RMSNormCPU" not in want.grad_fn.name()
     torch.testing.assert_close(want, F.rms_norm(x, (64,), norm.weight, 1e-5), rtol=0, atol=0)
     tol = ({"rtol": 1e-5, "atol": 1e-5} if dtype == torch.float32
            else {"rtol": 1e-12, "atol": 1e-12})
     torch.testing.assert_close(got, want, **tol)
-    ws = (x, norm.weight)
-    for a, b in zip(grads((got * up).sum(), *ws), grads((want * up).sum(), *ws)):
+    for a, b in zip(grads((got * up).sum(), x, fast.weight),
+                    grads((want * up).sum(), x, norm.weight)):
         torch.testing.assert_close(a, b, **tol)
 
 
-def test_kernels_disabled_nests_and_restores_after_an_error():
-    assert kernels.enabled()
-    with pytest.raises(RuntimeError), kernels.disabled():
-        with kernels.disabled():
-            assert not kernels.enabled()
-        assert not kernels.enabled()  # the inner block restores the outer state
-        raise RuntimeError
-    assert kernels.enabled()
+def test_apply_fast_paths_swaps_classes_only():
+    """The switch changes which forward runs, nothing else: the same parameter names, shapes
+    and values, the same state dict; only the exact plain classes are swapped (a subclass
+    with a forward of its own keeps it), and applying it twice changes nothing more."""
+    cfg = ModelConfig(vocab_size=61, block_size=16, n_layer=2, n_head=2, d_model=16,
+                      mlp_hidden=32, query="nonlinear", qk_norm=True)
+    plain = Transformer(cfg, seed=3)
+    fast = apply_fast_paths(Transformer(cfg, seed=3))
+    assert apply_fast_paths(fast) is fast
+    kinds = {type(m) for m in fast.modules()}
+    assert {FastRMSNorm, FastNonlinearQuery} <= kinds and not {RMSNorm, NonlinearQuery} & kinds
+    assert not {FastRMSNorm, FastNonlinearQuery} & {type(m) for m in plain.modules()}
+    a, b = plain.state_dict(), fast.state_dict()
+    assert list(a) == list(b) and all(torch.equal(a[k], b[k]) for k in a)
+
+    class Own(NonlinearQuery):  # a registered variant built on the nonlinear query
+        def forward(self, x):
+            return 3 * x
+
+    own = apply_fast_paths(Own(d_model=16))
+    assert type(own) is Own and type(own.in_norm) is FastRMSNorm
 
 
+# float64: the two paths agree to rounding; float32 (what training runs): to float32's
+TOLERANCES = {torch.float64: {"rtol": 1e-9, "atol": 1e-12},
+              torch.float32: {"rtol": 1e-4, "atol": 1e-5}}
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 @pytest.mark.parametrize("query", sorted(QUERIES))
-def test_model_step_with_kernels_equals_plain_path(query):
+def test_model_step_with_fast_paths_equals_plain_path(query, dtype):
     """A whole training step (QK-norm on, so RMSNorm's kernel runs in every variant): loss
-    and every parameter's gradient with the kernels == under kernels.disabled()."""
+    and every parameter's gradient of the model after apply_fast_paths == of the plain
+    model with the same weights."""
     cfg = ModelConfig(vocab_size=61, block_size=16, n_layer=2, n_head=2, d_model=16,
                       mlp_hidden=32, query=query, qk_norm=True)
     torch.manual_seed(0)
-    model = Transformer(cfg).double()
+    plain = Transformer(cfg).to(dtype)
     with torch.no_grad():
-        for p in model.parameters():
+        for p in plain.parameters():
             p.add_(0.3 * torch.randn_like(p))  # gains away from 1, so a dropped gain shows
+    fast = apply_fast_paths(copy.deepcopy(plain))
     idx = torch.randint(0, 61, (3, 16))
     out = {}
-    for fast in (True, False):
-        model.zero_grad(set_to_none=True)
-        with contextlib.nullcontext() if fast else kernels.disabled():
-            _, loss = model(idx, idx)
-            loss.backward()
-        out[fast] = (loss.detach(), {n: p.grad for n, p in model.named_parameters()})
-    torch.testing.assert_close(out[True][0], out[False][0], rtol=1e-12, atol=1e-12)
-    for n, g in out[False][1].items():
-        torch.testing.assert_close(out[True][1][n], g, rtol=1e-9, atol=1e-12, msg=n)
+    for name, model in (("fast", fast), ("plain", plain)):
+        _, loss = model(idx, idx)
+        loss.backward()
+        out[name] = (loss.detach(), {n: p.grad for n, p in model.named_parameters()})
+    tol = TOLERANCES[dtype]
+    torch.testing.assert_close(out["fast"][0], out["plain"][0], **tol)
+    for n, g in out["plain"][1].items():
+        torch.testing.assert_close(out["fast"][1][n], g, **tol, msg=n)
 
 
 # -- allocator tuning -------------------------------------------------------------------
@@ -277,20 +300,18 @@ def test_fused_nonlinear_query_matches_the_modules(monkeypatch, dtype, act):
     """The fused CPU path == RMSNorm, nn.Linear, GELU, nn.Linear, LayerNorm modules plus X:
     values and the gradients of X and of every parameter."""
     cfg = ModelConfig(vocab_size=50, block_size=16, n_layer=1, n_head=4, d_model=32,
-                      mlp_hidden=64, query="nonlinear", nl_act=act)
+                      mlp_hidden=64, query="nonlinear", query_args={"act": act})
     torch.manual_seed(0)
-    q = NonlinearQuery(cfg).to(dtype)
+    plain = make_query(cfg).to(dtype)
     with torch.no_grad():
-        for p in q.parameters():
+        for p in plain.parameters():
             p.add_(0.3 * torch.randn_like(p))  # gains away from 1, so a dropped gain shows
     x = torch.randn(2, 16, 32, dtype=dtype, requires_grad=True)
     up = torch.randn(2, 16, 32, dtype=dtype)
-    assert q.fused_cpu(x)
     out = {}
-    for fast in (True, False):
-        with contextlib.nullcontext() if fast else kernels.disabled():
-            assert q.fused_cpu(x) == fast
-            y = q(x)
+    for fast, q in ((True, apply_fast_paths(copy.deepcopy(plain))), (False, plain)):
+        assert (type(q) is FastNonlinearQuery) == fast
+        y = q(x)
         assert (y.grad_fn.name() == "NonlinearQueryCPUBackward") == fast
         gs = torch.autograd.grad((y * up).sum(), [x, *q.parameters()])
         out[fast] = (y, gs)
@@ -305,16 +326,18 @@ def test_fused_nonlinear_query_only_where_it_applies():
     base = {"vocab_size": 50, "block_size": 16, "n_layer": 1, "n_head": 4, "d_model": 32,
             "mlp_hidden": 64, "query": "nonlinear"}
     x = torch.randn(1, 4, 32)
-    assert NonlinearQuery(ModelConfig(**base)).fused_cpu(x)
-    assert not NonlinearQuery(ModelConfig(**base, bias=True)).fused_cpu(x)
-    for key, value in [("nl_in_norm", "layernorm"), ("nl_in_norm", "none"),
-                       ("nl_out_norm", "rmsnorm"), ("nl_act", "relu")]:
-        assert not NonlinearQuery(ModelConfig(**base, **{key: value})).fused_cpu(x), key
-    assert not NonlinearQuery(ModelConfig(**base)).fused_cpu(x.double())  # dtype mismatch
+
+    def fast(**kw):
+        return apply_fast_paths(make_query(ModelConfig(**base, **kw)))
+
+    assert type(fast()) is FastNonlinearQuery and fast().fused_cpu(x)
+    assert type(fast(bias=True)) is NonlinearQuery  # biases: the plain path
+    for key, value in [("in_norm", "layernorm"), ("in_norm", "none"),
+                       ("out_norm", "rmsnorm"), ("act", "relu")]:
+        assert type(fast(query_args={key: value})) is NonlinearQuery, key
+    assert not fast().fused_cpu(x.double())  # dtype mismatch
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        assert not NonlinearQuery(ModelConfig(**base)).fused_cpu(x)
-    with kernels.disabled():
-        assert not NonlinearQuery(ModelConfig(**base)).fused_cpu(x)
+        assert not fast().fused_cpu(x)
 
 
 def test_fused_nonlinear_query_frozen_parameters_get_no_gradient():
@@ -322,15 +345,15 @@ def test_fused_nonlinear_query_frozen_parameters_get_no_gradient():
     cfg = ModelConfig(vocab_size=50, block_size=16, n_layer=1, n_head=4, d_model=32,
                       mlp_hidden=64, query="nonlinear")
     torch.manual_seed(0)
-    q = NonlinearQuery(cfg).double()
-    q.w1.weight.requires_grad_(False)
-    q.in_norm.weight.requires_grad_(False)
+    plain = NonlinearQuery(cfg).double()
+    plain.w1.weight.requires_grad_(False)
+    plain.in_norm.weight.requires_grad_(False)
+    q = apply_fast_paths(copy.deepcopy(plain))
     x = torch.randn(2, 16, 32, dtype=torch.float64, requires_grad=True)
     q(x).sum().backward()
     assert q.w1.weight.grad is None and q.in_norm.weight.grad is None
     got = (x.grad.clone(), q.w2.weight.grad.clone(), q.out_norm.weight.grad.clone())
-    x.grad = q.w2.weight.grad = q.out_norm.weight.grad = None
-    with kernels.disabled():
-        q(x).sum().backward()
-    for a, b in zip(got, (x.grad, q.w2.weight.grad, q.out_norm.weight.grad)):
+    x.grad = None
+    plain(x).sum().backward()
+    for a, b in zip(got, (x.grad, plain.w2.weight.grad, plain.out_norm.weight.grad)):
         torch.testing.assert_close(a, b, rtol=1e-11, atol=1e-11)

@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from helpers import metrics, shared_data, tiny_config
 
 from nlq.model import loss as chunked
+from nlq.model.fast import apply_fast_paths
 from nlq.model.query import make_query
 
 pytestmark = pytest.mark.gpu
@@ -58,11 +59,11 @@ def test_nonlinear_query_plain_path_on_cuda_matches_the_cpu_kernel():
     outputs and the gradients of the input and of every weight agree."""
     cfg = tiny_config("unused", **{"model.query": "nonlinear", "model.d_model": 64}).model
     torch.manual_seed(0)
-    q_cpu = make_query(cfg)
+    q_cpu = apply_fast_paths(make_query(cfg))  # the CPU kernel, as training runs it
     with torch.no_grad():  # norm gains and biases off their init, so their gradients matter
         for p in q_cpu.parameters():
             p.add_(0.1 * torch.randn_like(p))
-    q_gpu = make_query(cfg).cuda()
+    q_gpu = apply_fast_paths(make_query(cfg)).cuda()
     q_gpu.load_state_dict(q_cpu.state_dict())
     x = torch.randn(4, 16, cfg.d_model)  # (B, T, C)
     assert q_cpu.fused_cpu(x), "the CPU side must take the kernel"

@@ -2,7 +2,7 @@
 
 GPT-2: the patched HF GPT-2 against nlq's own Transformer holding the same weights (the
 inverse of nlq/hf/gpt2.py's mapping, the query module's weights copied across): nlq with
-nl_half "explicit" and "fold" must both give HF's logits. Llama: nlq cannot express it
+half "explicit" and "fold" must both give HF's logits. Llama: nlq cannot express it
 (RMSNorm blocks, SwiGLU MLP), so the patched model is compared with the unpatched one
 whose q_proj output is overridden by a hook computing (x + f(x)) / 2 by hand from the
 same weights: whole-model logits, two computations of the query.
@@ -59,7 +59,7 @@ def llama(cls="Llama", **kw):
 def nlq_from_gpt2(hf, half: str) -> Transformer:
     """nlq's Transformer with a patched HF GPT-2's weights (nonlinear query)."""
     cfg = ModelConfig(vocab_size=V, block_size=T, n_layer=L, n_head=NH, d_model=C, bias=True,
-                      query="nonlinear", nl_half=half)
+                      query="nonlinear", query_args={"half": half})
     ours = Transformer(cfg, seed=0).eval()
     h = {k.removeprefix("transformer."): v for k, v in hf.state_dict().items()}
     sd = {k: h[k] for k in ("wte.weight", "wpe.weight", "ln_f.weight", "ln_f.bias")}

@@ -5,7 +5,9 @@ inside a function); `from nlq.x import y` is an edge to nlq.x.y when y is a subm
 to nlq.x; importing a package is an edge to its __init__. Imports under
 `if TYPE_CHECKING:` never run and are not edges. A cycle makes import order matter (a
 half-initialised module) and ties two rooms of the package together, so the graph must be
-acyclic.
+acyclic. Collapsed to floors (subpackages and base files, docs/architecture.md) it must be
+acyclic too, and the model, the ground floor, imports base files only: not even for type
+hints does it name a floor above it.
 """
 
 from __future__ import annotations
@@ -122,16 +124,70 @@ def test_find_cycle_reports_the_cycle():
     assert find_cycle({"a": {"a2"}, "a2": {"x"}, "x": {"a2"}}) == ["a2", "x", "a2"]
 
 
+# The floors (docs/architecture.md): the model is the ground floor, on base files only; the
+# run's config is built on top of it. BASE: files every floor may import, which import
+# nothing of nlq but each other.
+BASE = {"nlq", "nlq.errors", "nlq.checks", "nlq.extras", "nlq.fsutil", "nlq.sysinfo"}
+NOT_UNDER_THE_MODEL = ("config", "data", "train", "eval", "experiments", "infer", "hf", "cli")
+
+
+def floor(module: str) -> str:
+    """The node of the floor graph: a subpackage (nlq.train for nlq.train.loop), else the
+    module itself (a base file, nlq.cli)."""
+    parts = module.split(".")
+    if len(parts) > 1 and (PKG / parts[1] / "__init__.py").exists():
+        return "nlq." + parts[1]
+    return module
+
+
+def test_the_model_imports_only_base_files():
+    graph = import_graph()
+    for name, deps in graph.items():
+        if floor(name) != "nlq.model":
+            continue
+        above = sorted(d for d in deps if d.split(".")[1:2] and d.split(".")[1]
+                       in NOT_UNDER_THE_MODEL)
+        assert not above, f"{name} imports {above}: nlq/model is the ground floor"
+        assert all(floor(d) in ("nlq.model", *BASE) for d in deps), (name, deps)
+    for path in (PKG / "model").rglob("*.py"):  # imports for type hints count here too
+        named = {a.name for n in ast.walk(ast.parse(path.read_text()))
+                 if isinstance(n, ast.Import) for a in n.names}
+        named |= {n.module or "" for n in ast.walk(ast.parse(path.read_text()))
+                  if isinstance(n, ast.ImportFrom)}
+        assert not {m for m in named if m.split(".")[:1] == ["nlq"]
+                    and m.split(".")[1:2] and m.split(".")[1] in NOT_UNDER_THE_MODEL}, path
+
+
+def test_base_files_import_only_base_files():
+    graph = import_graph()
+    for name in BASE:
+        assert graph[name] <= BASE, (name, graph[name] - BASE)
+
+
+def test_no_import_cycle_between_subpackages():
+    """Collapsed to floors (every module of nlq/train is nlq.train), the graph is acyclic:
+    no two subpackages import each other, even through a third."""
+    graph: dict[str, set[str]] = {}
+    for name, deps in import_graph().items():
+        graph.setdefault(floor(name), set()).update(floor(d) for d in deps)
+    for node, deps in graph.items():
+        deps.discard(node)
+    assert "nlq.model" in graph["nlq.config"]  # the config is built on the model
+    cycle = find_cycle(graph)
+    assert cycle is None, "import cycle between floors: " + " -> ".join(cycle)
+
+
+def test_floor_cycles_are_seen():
+    assert floor("nlq.train.loop") == "nlq.train" and floor("nlq.errors") == "nlq.errors"
+    assert find_cycle({"nlq.model": {"nlq.config"}, "nlq.config": {"nlq.model"}})
+
+
 def test_light_imports_stay_light():
-    """The query registry loads without the transformer or nlq.config; nlq.config (schema,
-    `nlq config --doc`) loads without torch."""
-    code = ("import sys; import nlq.model.query; a = sorted(m for m in sys.modules "
-            "if m.startswith(('nlq.config', 'nlq.model.transformer'))); "
-            "import nlq.config; print(a, 'torch' in sys.modules)")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         check=True, cwd=PKG.parent).stdout
-    assert out.strip() == "[] True"
-    code = "import sys, nlq.config; print('torch' in sys.modules)"
+    """The command line and the base files load without torch (`nlq --help` at once); the
+    model and everything built on it (nlq.config too: [model] is the model's ModelConfig)
+    load it."""
+    code = ("import sys, nlq, nlq.cli, nlq.errors, nlq.checks; "
+            "print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True, cwd=PKG.parent).stdout
     assert out.strip() == "False"

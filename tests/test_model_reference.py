@@ -18,7 +18,7 @@ import math
 import pytest
 import torch
 
-from nlq.config import ModelConfig
+from nlq.model.config import ModelConfig
 from nlq.model.query import QUERIES
 from nlq.model.transformer import Transformer
 
@@ -98,10 +98,12 @@ def ref_norm(kind, mod, x, eps):
 
 
 def ref_f(cfg: ModelConfig, qmod, x):
-    """f(X) = out_norm(act(in_norm(X) W1) W2)."""
-    h = ref_norm(cfg.nl_in_norm, qmod.in_norm, x, cfg.norm_eps)
-    h = ref_linear(ref_act(cfg.nl_act, ref_linear(h, qmod.w1)), qmod.w2)
-    return ref_norm(cfg.nl_out_norm, qmod.out_norm, h, cfg.norm_eps)
+    """f(X) = out_norm(act(in_norm(X) W1) W2), its settings read from query_args (the
+    paper's where absent)."""
+    a = cfg.query_args
+    h = ref_norm(a.get("in_norm", "rmsnorm"), qmod.in_norm, x, cfg.norm_eps)
+    h = ref_linear(ref_act(a.get("act", "gelu"), ref_linear(h, qmod.w1)), qmod.w2)
+    return ref_norm(a.get("out_norm", "layernorm"), qmod.out_norm, h, cfg.norm_eps)
 
 
 def ref_query(cfg: ModelConfig, qmod, x):
@@ -181,8 +183,9 @@ def test_encoder_matches_reference_with_full_mask():
 
 
 def test_fold_and_explicit_half_are_the_same_computation():
-    fold = build(tiny(query="nonlinear", nl_half="fold"))
-    explicit = Transformer(dataclasses.replace(fold.cfg, nl_half="explicit")).double().eval()
+    fold = build(tiny(query="nonlinear", query_args={"half": "fold"}))
+    explicit = Transformer(dataclasses.replace(fold.cfg, query_args={"half": "explicit"}))
+    explicit = explicit.double().eval()
     explicit.load_weights(fold.weights())
     assert fold.blocks[0].attn.scale == pytest.approx(0.5 / math.sqrt(8))
     assert explicit.blocks[0].attn.scale == pytest.approx(1.0 / math.sqrt(8))
@@ -199,23 +202,25 @@ def test_fold_and_explicit_half_are_the_same_computation():
 @pytest.mark.parametrize(
     "option",
     [
-        {"nl_act": "relu"},
-        {"nl_act": "silu"},
-        {"nl_act": "gelu_tanh"},
-        {"nl_act": "tanh"},
-        {"nl_in_norm": "layernorm", "bias": True},
-        {"nl_in_norm": "layernorm"},
-        {"nl_in_norm": "none"},
-        {"nl_out_norm": "rmsnorm"},
-        {"nl_out_norm": "none"},
-        {"nl_rank": 8},
-        {"nl_rank": 1},
+        {"act": "relu"},
+        {"act": "silu"},
+        {"act": "gelu_tanh"},
+        {"act": "tanh"},
+        {"in_norm": "layernorm", "bias": True},
+        {"in_norm": "layernorm"},
+        {"in_norm": "none"},
+        {"out_norm": "rmsnorm"},
+        {"out_norm": "none"},
+        {"rank": 8},
+        {"rank": 1},
     ],
     ids=lambda o: ",".join(f"{k}={v}" for k, v in o.items()),
 )
 def test_nonlinear_options_match_reference_and_change_output(option):
     default = build(tiny(query="nonlinear", bias=option.get("bias", False)))
-    model = Transformer(tiny(query="nonlinear", **option)).double().eval()
+    args = {k: v for k, v in option.items() if k != "bias"}  # bias is a [model] key
+    model = Transformer(tiny(query="nonlinear", bias=option.get("bias", False),
+                             query_args=args)).double().eval()
     randomise(model, seed=5)
     model.load_weights(default.weights(), strict=False)  # same weights wherever they fit
     with torch.no_grad():

@@ -24,8 +24,9 @@ EXAMPLE = ROOT / "examples" / "own_query.py"
 def test_plain_arguments_build_the_paper_query():
     q = NonlinearQuery(d_model=64, rank=32)
     assert q.w1.weight.shape == (32, 64) and q.w2.weight.shape == (64, 32)
-    cfg = ModelConfig(d_model=64, n_head=4, nl_rank=32, nl_half="explicit")
-    from_cfg = NonlinearQuery(cfg)
+    cfg = ModelConfig(d_model=64, n_head=4, query="nonlinear",
+                      query_args={"rank": 32, "half": "explicit"})
+    from_cfg = make_query(cfg)
     from_cfg.load_state_dict(q.state_dict())
     x = torch.randn(2, 5, 64)
     with torch.no_grad():

@@ -78,7 +78,7 @@ def test_nlq_params_text_table_rows(capsys):
     ]
     # the arm that differs from linear+12.5% in its lr only is named, not counted twice
     assert "linear+12.5%-lr: the model of linear+12.5%" in stdout
-    assert "nonlinear-same-recipe: the model of nonlinear" in stdout
+    assert "nonlinear-official: the model of nonlinear" in stdout
 
 
 # ---------------------------------------------------------------------------------------
@@ -90,12 +90,13 @@ def closed_form(cfg: ModelConfig) -> tuple[int, int]:
     C, H, L, b = cfg.d_model, cfg.mlp_width, cfg.n_layer, int(cfg.bias)
     kv = cfg.kv_heads * cfg.head_dim
     ln = C * (1 + b)
+    r = cfg.query_args.get("rank", C // 2)  # the nonlinear query's rank, d/2 by default
     query = {
         "linear": C * C + b * C,
         "residual": C * C + b * C,
         "identity": 0,
         # in RMSNorm (gain only) + W1 + W2 + out LayerNorm
-        "nonlinear": C + (C * cfg.rank + b * cfg.rank) + (cfg.rank * C + b * C) + ln,
+        "nonlinear": C + (C * r + b * r) + (r * C + b * C) + ln,
     }[cfg.query]
     attn = query + 2 * (C * kv + b * kv) + C * C + b * C
     mlp = C * H + b * H + H * C + b * C
@@ -122,7 +123,7 @@ def test_paper_arms_match_closed_form(arm, gpt3_arms):
     [{"query": "linear"}, {"query": "nonlinear", "bias": True}, {"query": "identity"},
      {"query": "residual", "tie_embeddings": False}, {"query": "nonlinear", "n_kv_head": 2},
      {"query": "linear", "pos_emb": "rope", "n_kv_head": 1},
-     {"query": "nonlinear", "nl_rank": 5}],
+     {"query": "nonlinear", "query_args": {"rank": 5}}],
     ids=str,
 )
 def test_count_params_equals_real_model_and_closed_form(kw):
@@ -172,21 +173,25 @@ def test_computed_width_on_tiny_is_the_closest(pct):
 
 def test_paper_arm_widths_on_tiny():
     arms = experiment_arms(load_experiment("paper"), "tiny")
-    assert list(arms) == ["linear", "nonlinear", "nonlinear-same-recipe", "linear+12.5%",
+    assert list(arms) == ["linear", "nonlinear", "nonlinear-official", "linear+12.5%",
                           "linear+12.5%-lr", "identity", "residual"]
     assert arms["linear+12.5%"].model.mlp_hidden == 608  # 4.75 x 128, as 3648 = 4.75 x 768
-    # the same-recipe arm differs from the baseline in its query path only
-    same, lin = arms["nonlinear-same-recipe"], arms["linear"]
-    assert same.train == lin.train and same.data == lin.data
-    assert same.model == dataclasses.replace(lin.model, query="nonlinear")
-    assert arms["nonlinear"].train != lin.train  # the paper's recipe: other lr and wd
+    # one recipe for every arm: each differs from the baseline where its architecture does
+    lin = arms["linear"]
+    for name in ("nonlinear", "linear+12.5%", "identity", "residual"):
+        assert arms[name].train == lin.train and arms[name].data == lin.data, name
+    assert arms["nonlinear"].model == dataclasses.replace(lin.model, query="nonlinear")
+    official = arms["nonlinear-official"]
+    assert official.model == arms["nonlinear"].model
+    assert official.train != lin.train  # the official config's recipe: other lr and wd
     assert {a.model.query for a in arms.values()} == {"linear", "nonlinear", "identity",
                                                       "residual"}
 
 
 def test_each_arm_is_one_recipe_in_every_experiment():
     """An arm named in two experiments is the same config in both (arms.toml holds it once);
-    on gpt3-small the nonlinear arm is 4/3 of the baseline lr, 8e-4, with weight decay 0.05."""
+    on gpt3-small the official nonlinear recipe is 4/3 of the baseline lr, 8e-4, with weight
+    decay 0.05, and the nonlinear arm is the baseline's recipe."""
     seen: dict[str, object] = {}
     for name in shipped_experiments():
         exp = load_experiment(name)
@@ -194,8 +199,9 @@ def test_each_arm_is_one_recipe_in_every_experiment():
             continue
         for arm, cfg in experiment_arms(exp, "gpt3-small").items():
             assert seen.setdefault(arm, cfg) == cfg, (name, arm)
-    nl = seen["nonlinear"].train
+    nl = seen["nonlinear-official"].train
     assert (nl.lr, nl.min_lr, nl.weight_decay) == (pytest.approx(8e-4), pytest.approx(8e-5), 0.05)
+    assert seen["nonlinear"].train == seen["linear"].train
     assert seen["linear"].train.lr == 6e-4
 
 

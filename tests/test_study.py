@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 from helpers import nlq, ok
 from test_reproduce import SETS, mini_setting
 
 from nlq.experiments.study import load_ladder, widen
+from nlq.experiments.sweep import check_grid
 
 
 def toy_ladder(tmp_path, d_model_b: int = 48) -> tuple:
@@ -43,11 +45,26 @@ def study(ladder, out, *args, **env):
 
 def test_widen_grows_the_grid_toward_an_edge_best_within_limits():
     g = [1e-3, 2e-3, 4e-3]
-    assert widen(g, {"a": {"lr": 2e-3}}, g) == g
-    assert widen(g, {"a": {"lr": 4e-3}, "b": {"lr": 2e-3}}, g) == [1e-3, 2e-3, 4e-3, 8e-3]
-    assert widen(g, {"a": {"lr": 1e-3}}, g) == [5e-4, 1e-3, 2e-3, 4e-3]
+    assert widen(g, {"a": {"grid_best": 2e-3}}, g) == g
+    assert widen(g, {"a": {"grid_best": 4e-3}, "b": {"grid_best": 2e-3}}, g) == [
+        1e-3, 2e-3, 4e-3, 8e-3]
+    assert widen(g, {"a": {"grid_best": 1e-3}}, g) == [5e-4, 1e-3, 2e-3, 4e-3]
     grown = [1e-3, 2e-3, 4e-3, 8e-3, 1.6e-2]  # two steps beyond the declared top: no more
-    assert widen(grown, {"a": {"lr": 1.6e-2}}, g) == grown
+    assert widen(grown, {"a": {"grid_best": 1.6e-2}}, g) == grown
+
+
+def test_widen_of_a_sqrt2_grid_steps_by_sqrt2_to_the_same_factor():
+    """A x sqrt(2) grid grows one sqrt(2) step at a time, to the same factor beyond the
+    declared grid as a x2 grid (x4), in twice as many steps."""
+    r = math.sqrt(2.0)
+    g = [1e-2, 1e-2 * r, 2e-2]
+    lrs, x2 = g, [1e-2, 2e-2, 4e-2]
+    for _ in range(10):  # the lowest point stays at the low edge: grow until the limit
+        lrs = widen(lrs, {"a": {"grid_best": lrs[0]}}, g)
+        x2 = widen(x2, {"a": {"grid_best": x2[0]}}, [1e-2, 2e-2, 4e-2])
+        check_grid(lrs)  # still one constant step
+    assert len(lrs) == len(g) + 4 and len(x2) == 3 + 2
+    assert lrs[0] == pytest.approx(x2[0], rel=1e-12) == 2.5e-3
 
 
 def test_ladder_errors_name_the_key(tmp_path):

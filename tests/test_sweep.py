@@ -8,10 +8,11 @@ import json
 import pytest
 from helpers import assert_user_error, nlq, ok
 from test_reproduce import mini_setting
+from test_sweep_fit import three_point_vertex
 
 from nlq.errors import NlqError
 from nlq.experiments.reproduce import read_sweep_lrs
-from nlq.experiments.sweep import check_grid
+from nlq.experiments.sweep import SEED_OFFSET, check_grid
 
 
 @pytest.mark.parametrize("grid, match", [
@@ -19,8 +20,8 @@ from nlq.experiments.sweep import check_grid
     ([1e-3, 2e-3, float("nan")], "nan is not a positive finite"),
     ([0.0, 2e-3, 4e-3], "0.0 is not a positive finite"),
     ([1e-3, 2e-3], "at least 3 values"),
-    ([1e-3, 2e-3, 5e-3], "x2 steps: 0.005 after 0.002"),
-    ([4e-3, 2e-3, 1e-3], "x2 steps"),
+    ([1e-3, 2e-3, 5e-3], r"x2 or x sqrt\(2\): 0.005 after 0.002 is x2.5"),
+    ([4e-3, 2e-3, 1e-3], "one constant step"),
 ])
 def test_bad_grids_are_named(grid, match):
     with pytest.raises(NlqError, match=match):
@@ -44,6 +45,7 @@ def test_sweep_chooses_on_val_and_reproduce_uses_it(tmp_path):
     ok(p)
     result = json.loads((out / "sweep.json").read_text())
     assert result["grid"] == [2e-3, 4e-3, 8e-3] and result["seeds"] == 2
+    assert result["seed_indices"] == [SEED_OFFSET, SEED_OFFSET + 1]
     assert (out / "sweep.png").stat().st_size > 0
     by_lr = result["results"]["linear"]
     for lr, vals in by_lr.items():  # every value is a run's final val loss
@@ -51,8 +53,16 @@ def test_sweep_chooses_on_val_and_reproduce_uses_it(tmp_path):
         assert vals == [json.loads((r / "summary.json").read_text())["val_loss"] for r in runs]
         assert all("test_loss" not in json.loads((r / "summary.json").read_text())
                    for r in runs)  # the test split is not even computed while choosing
-    means = {float(lr): sum(v) / len(v) for lr, v in by_lr.items()}
-    assert result["chosen"]["linear"]["lr"] == min(means, key=means.get)
+    assert sorted(p.name for p in (out / "runs" / "lr0.002" / "linear").iterdir()) == [
+        f"seed{SEED_OFFSET}", f"seed{SEED_OFFSET + 1}"]  # never a seed of `nlq reproduce`
+    # the choice on 3 points: the vertex of the parabola through them, or the lowest point
+    lrs = sorted(float(lr) for lr in by_lr)
+    means = [sum(by_lr[repr(lr)]) / 2 for lr in lrs]
+    vertex = three_point_vertex(lrs, means)
+    if vertex is not None and lrs[0] <= vertex <= lrs[-1]:
+        assert result["chosen"]["linear"]["lr"] == pytest.approx(vertex, rel=5e-3)
+    else:
+        assert result["chosen"]["linear"]["lr"] == lrs[means.index(min(means))]
     assert "chosen" in p.stdout and "| linear |" in p.stdout
 
     # other seeds in the same folder: refused, nothing lost

@@ -1,5 +1,6 @@
-"""The test split: scored once at the end of a run, document by document, and equal to a
-plain reference computation; a data dir without one is a clear error before training."""
+"""The test split: scored once at the end of a run, document by document and chunk by chunk
+of the test stream, and equal to a plain reference computation; a data dir without one is a
+clear error before training."""
 
 from __future__ import annotations
 
@@ -31,27 +32,31 @@ def run(tmp_path_factory):
     return cfg, data, d
 
 
-def reference_doc_losses(cfg, data_dir, run_dir):
+def reference_token_losses(cfg, data_dir, run_dir) -> list[torch.Tensor]:
     """Each test document after an end-of-text token, scored window by window with a plain
-    forward and F.cross_entropy: (nats, tokens) per document."""
+    forward and F.cross_entropy: per document, the loss of each of its tokens."""
     sd = load_file(str(helpers.final_ckpt(run_dir) / "model.safetensors"))
     if cfg.model.tie_embeddings:
         sd["lm_head.weight"] = sd["wte.weight"]
     model = Transformer(cfg.model, seed=0)
     model.load_state_dict(sd)
     model.eval()
-    data = TokenData.open(data_dir)
     out, T = [], cfg.model.block_size
     with torch.no_grad():
-        for doc in data.test_docs():
+        for doc in TokenData.open(data_dir).test_docs():
             s = torch.tensor([EOT, *doc.tolist()])
-            nats = 0.0
+            losses = []
             for a in range(0, len(doc), T):
                 piece = s[a:a + T + 1]
                 logits, _ = model(piece[None, :-1])
-                nats += F.cross_entropy(logits[0], piece[1:], reduction="sum").item()
-            out.append((nats, len(doc)))
+                losses.append(F.cross_entropy(logits[0].double(), piece[1:], reduction="none"))
+            out.append(torch.cat(losses))  # (len(doc),)
     return out
+
+
+def reference_doc_losses(cfg, data_dir, run_dir):
+    """(nats, tokens) per document of the plain reference."""
+    return [(t.sum().item(), len(t)) for t in reference_token_losses(cfg, data_dir, run_dir)]
 
 
 def test_per_document_losses_match_a_plain_reference(run):
@@ -66,6 +71,24 @@ def test_per_document_losses_match_a_plain_reference(run):
     assert summary["test_tokens"] == sum(docs["tokens"]) == len(TokenData.open(data).test)
     assert summary["test_docs"] == len(docs["doc"])
     assert summary["test_ppl"] == pytest.approx(math.exp(summary["test_loss"]))
+
+
+def test_chunks_cut_the_same_stream_as_the_documents(run):
+    """Chunks of block_size scored tokens: their sums are the documents' sums (the test loss
+    is the same either way), and each chunk's nats are a plain reference's per-token losses
+    of the stream, cut every block_size tokens."""
+    cfg, data, d = run
+    docs = json.loads((d / "test_docs.json").read_text())
+    T = cfg.model.block_size
+    assert docs["chunk_size"] == T
+    n = docs["chunk_tokens"]
+    assert sum(n) == sum(docs["tokens"]) and set(n[:-1]) == {T} and 0 < n[-1] <= T
+    assert math.fsum(docs["chunk_nats"]) == pytest.approx(math.fsum(docs["nats"]), rel=1e-12)
+    summary = json.loads((d / "summary.json").read_text())
+    assert summary["test_loss"] == sum(docs["nats"]) / sum(docs["tokens"])  # unchanged
+    stream = torch.cat(reference_token_losses(cfg, data, d))  # (test tokens,)
+    want = [stream[a:a + T].sum().item() for a in range(0, len(stream), T)]
+    assert docs["chunk_nats"] == pytest.approx(want, rel=1e-5)
 
 
 def test_doc_windows_cover_each_document_once():

@@ -1,8 +1,8 @@
 """Frozen config dataclasses, read from TOML with tomllib (never executed).
 
-- schema.py: the sections ([model], [train], [data]) with a docstring per key, Config, and
-  building a Config from plain data;
-- validate.py: the checks (types, values, choices read from the model's registries);
+- schema.py: the sections with a docstring per key ([model] is the model's own ModelConfig,
+  nlq/model/config.py; [train], [data]), Config, and building a Config from plain data;
+- validate.py: the checks ([train], [data], across sections; the model checks its own);
 - load.py: TOML files, presets and `--set` overrides;
 - cli.py: `nlq config`, which prints a resolved config or every key's docstring.
 Unknown keys, wrong types and impossible values raise NlqError naming the key.

@@ -1,10 +1,13 @@
 """The config's schema: frozen dataclasses, one per TOML section, and their plain-data forms.
 
-A run's config has three sections, [model], [train] and [data]. Every field has a default
-and a docstring (the string literal under it; `nlq config --doc` prints them). The defaults
-are the paper's GPT-3-small recipe (docs/paper.md, "The training recipe"). Building a config
-from plain data (from_dict, model_config_from_dict, Config.replace) checks every key, type
-and value (nlq/config/validate.py).
+A run's config has three sections, [model], [train] and [data]. [model] is the model's own
+ModelConfig (nlq/model/config.py): the run's config is built on top of the model's, never
+the other way round. Every field has a default and a docstring (the string literal under it;
+`nlq config --doc` prints them). The defaults are the paper's GPT-3-small recipe
+(docs/paper.md, "The training recipe"). Building a config from plain data (from_dict,
+model_config_from_dict, Config.replace) checks every key, type and value
+(nlq/config/validate.py), and reads an old config's model.nl_* keys as the nonlinear
+query's query_args (nlq/model/config.py, upgrade).
 """
 
 from __future__ import annotations
@@ -17,115 +20,10 @@ from typing import Any
 
 import tomli_w
 
-from nlq.config.table import Table
-from nlq.config.validate import build_section, validate, validate_model
+from nlq.checks import build_section
+from nlq.config.validate import validate, validate_model
 from nlq.errors import NlqError
-
-
-@dataclass(frozen=True)
-class ModelConfig:
-    arch: str = "decoder"
-    """decoder (causal LM) | encoder (bidirectional, masked-LM head) | prefix (prefix-LM).
-    The paper trains a decoder; its argument covers every mask (docs/paper.md, "The
-    nonlinear query")."""
-    vocab_size: int = 50304
-    """Token ids 0..vocab_size-1; GPT-2's 50257 padded to a multiple of 64, as the paper
-    (docs/paper.md, "The training recipe")."""
-    block_size: int = 1024
-    """Context length T in tokens; also the size of the learned position table. The paper:
-    1024 (docs/paper.md, "The training recipe")."""
-    n_layer: int = 12
-    """Transformer blocks. The paper (GPT-3 small): 12 (docs/paper.md, "The training
-    recipe")."""
-    n_head: int = 12
-    """Query heads; d_model / n_head = head_dim must be whole. The paper: 12 heads of 64
-    (docs/paper.md, "The training recipe")."""
-    n_kv_head: int | None = None
-    """Key/value heads for grouped-query attention; None means n_head (plain MHA, as the
-    paper), 1 is MQA. Must divide n_head."""
-    d_model: int = 768
-    """Model width C, the size of the residual stream. The paper: 768 (docs/paper.md, "The
-    training recipe")."""
-    mlp_hidden: int | None = None
-    """MLP width; None means 4 * d_model. The paper: 4d = 3072, and 4.75d = 3648 in its
-    +12.5% arm (docs/paper.md, "The other arms")."""
-    bias: bool = False
-    """Biases in every Linear and LayerNorm; RMSNorm has a gain only. The paper: none
-    (docs/paper.md, "The training recipe")."""
-    tie_embeddings: bool = True
-    """The output head shares the token embedding matrix. The paper: tied (docs/paper.md,
-    "The training recipe")."""
-    dropout: float = 0.0
-    """Dropout probability in [0, 1) on the embeddings, the attention weights and the
-    residual branches. The paper: 0 (docs/paper.md, "The training recipe")."""
-    pos_emb: str = "learned"
-    """learned (absolute, GPT-2; the paper's nanoGPT model) | rope (rotary, applied to q and
-    k) | none."""
-    rope_base: float = 10000.0
-    """RoPE base b > 0: pair j of a head rotates by position * b^(-2j/head_dim) radians.
-    Used only with pos_emb = "rope"."""
-    qk_norm: bool = False
-    """RMSNorm on q and k per head (the stronger linear baseline of current recipes; not in
-    the paper)."""
-    query: str = "linear"
-    """Query variant, a name in nlq.model.query.QUERIES: linear | identity | residual |
-    nonlinear (docs/paper.md, "The nonlinear query" and "The other arms")."""
-    query_args: dict[str, Any] = field(default_factory=Table)
-    """A registered variant's own settings, the TOML table [model.query_args] (name = bool,
-    int, float or string; `--set model.query_args.NAME=VALUE`): the query module is built as
-    QUERIES[query](cfg, **query_args). A name that is no keyword parameter of the class's
-    __init__ after cfg is an error when the config loads, as is a required one left out.
-    The built-in queries take none: their settings are [model] keys (model.nl_rank, ...)."""
-    attn_scale: float | None = None
-    """Attention logit scale > 0; None means 1/sqrt(head_dim). A query variant may multiply it
-    (the nonlinear query with nl_half = "fold" multiplies it by 1/2, as the official code;
-    docs/paper.md, "The nonlinear query")."""
-    attn_scale_mult: float = 1.0
-    """Multiplies the logit scale (attn_scale, or 1/sqrt(head_dim)) for any query variant.
-    0.5 gives the official code's 1/(2 sqrt(head_dim)), which it uses for its identity and
-    residual arms too (docs/paper.md, "The other arms")."""
-    nl_rank: int | None = None
-    """Bottleneck width r >= 1 of f; None means d_model // 2, the paper's r = d/2, which
-    gives f d^2 weights (docs/paper.md, "The nonlinear query")."""
-    nl_act: str = "gelu"
-    """Activation inside f, a name in nlq.model.layers.ACTIVATIONS: gelu | gelu_tanh | relu |
-    silu | tanh. The paper: gelu, the exact erf form (docs/paper.md, "The nonlinear
-    query")."""
-    nl_in_norm: str = "rmsnorm"
-    """Norm on f's input, a name in nlq.model.layers.NORMS: rmsnorm | layernorm | none. The
-    paper: rmsnorm (docs/paper.md, "The nonlinear query")."""
-    nl_out_norm: str = "layernorm"
-    """Norm on f's output, a name in nlq.model.layers.NORMS: layernorm | rmsnorm | none. The
-    paper: layernorm (docs/paper.md, "The nonlinear query")."""
-    nl_half: str = "fold"
-    """Where the 1/2 of (X + f(X))/2 goes: fold (into the attention scale, as the official
-    code) | explicit (Q is scaled). The two give the same output unless qk_norm is on
-    (docs/paper.md, "The nonlinear query")."""
-    norm_eps: float = 1e-5
-    """Epsilon > 0 added to the variance in every LayerNorm and RMSNorm (GPT-2's 1e-5)."""
-    init_std: float = 0.02
-    """Std of the normal init of weights and embeddings; the residual output projections get
-    init_std / sqrt(2 n_layer) (GPT-2, nanoGPT)."""
-
-    def __post_init__(self):
-        # a dict given in code becomes a read-only Table: the config stays frozen, hashable
-        object.__setattr__(self, "query_args", Table(self.query_args))
-
-    @property
-    def head_dim(self) -> int:
-        return self.d_model // self.n_head
-
-    @property
-    def kv_heads(self) -> int:
-        return self.n_head if self.n_kv_head is None else self.n_kv_head
-
-    @property
-    def mlp_width(self) -> int:
-        return 4 * self.d_model if self.mlp_hidden is None else self.mlp_hidden
-
-    @property
-    def rank(self) -> int:
-        return self.d_model // 2 if self.nl_rank is None else self.nl_rank
+from nlq.model.config import LEGACY_KEYS, ModelConfig, read_model_config
 
 
 @dataclass(frozen=True)
@@ -215,6 +113,12 @@ class TrainConfig:
     (summary.json: test_loss, test_ppl, test_tokens, test_docs; test_docs.json: nats and
     tokens per document), the numbers a report compares. Needs a data dir with a test split
     (`nlq prepare` writes one by default)."""
+    threads: int | None = None
+    """CPU threads of the run's intra-op pool (torch.set_num_threads); None: torch's default
+    (OMP_NUM_THREADS, else the machine's cores). On CPU a run's numbers are bitwise
+    reproducible only at a fixed thread count and instruction set: both change the order in
+    which floats are summed, and training amplifies such differences (docs/experiments.md,
+    2026-12-04, numerical noise). summary.json records the count used and the ISA."""
     wandb_project: str | None = None
     """Also log every metrics row to this Weights & Biases project (needs the wandb extra;
     credentials and WANDB_MODE from the environment). None: no W&B. metrics.jsonl stays the
@@ -265,6 +169,10 @@ TABLES: dict[str, set[str]] = {
     for sec, cls in SECTIONS.items()}
 
 
+# section name -> old keys still read (the model upgrades them when the config is built)
+OLD_KEYS: dict[str, set[str]] = {"model": set(LEGACY_KEYS)}
+
+
 def _section_dict(obj) -> dict:
     return {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)}
 
@@ -290,18 +198,17 @@ def from_dict(d: dict) -> Config:
         raw = d.get(name, {})
         if not isinstance(raw, dict):
             raise NlqError(f"config key '{name}' must be a table, got {raw!r}")
-        parts[name] = build_section(name, cls, raw)
+        parts[name] = read_model_config(raw) if cls is ModelConfig else build_section(name, cls, raw)
     cfg = Config(**parts)
     validate(cfg)
     return cfg
 
 
 def model_config_from_dict(raw: dict) -> ModelConfig:
-    """A validated ModelConfig from {key: value} (e.g. a checkpoint's config.json): unknown
-    keys, wrong types and impossible values raise NlqError naming `model.<key>`."""
-    if not isinstance(raw, dict):
-        raise NlqError(f"a model config must be a table of model keys, got {raw!r}")
-    m = build_section("model", ModelConfig, raw)
+    """A validated ModelConfig from {key: value} (e.g. a checkpoint's config.json), its query
+    and query_args included: unknown keys, wrong types and impossible values raise NlqError
+    naming `model.<key>`; old nl_* keys are read as query_args."""
+    m = read_model_config(raw)
     validate_model(m)
     return m
 
@@ -319,7 +226,7 @@ def apply_overrides(d: dict, overrides: dict[str, Any]) -> dict:
             )
         sec, name = parts[:2]
         known = {f.name for f in dataclasses.fields(SECTIONS[sec])}
-        if name not in known:
+        if name not in known | OLD_KEYS.get(sec, set()):
             raise NlqError(f"unknown config key '{key}' (known keys of [{sec}]: "
                            f"{', '.join(sorted(known))})")
         if len(parts) == 2:

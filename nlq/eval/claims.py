@@ -2,6 +2,11 @@
 ordering of arms it expects ([hypothesis]) and the published figures it is set beside
 ([reference]).
 
+hypothesis.comparisons is the Holm family: the only comparisons the report gives a verdict
+on (nlq/eval/compare.py); the ordering and the QK-norm question are read from their outcomes
+and the positive control's, and every other pair of arms is only described. An experiment
+that wants another pair judged lists it there.
+
 Both are tables of the experiment's TOML; nlq/experiments/paper.toml holds the paper's
 (docs/paper.md, "The paper's numbers"). `nlq reproduce` writes the resolved experiment to
 OUT/experiment.toml, where `nlq report OUT` finds them. Without them a report has no
@@ -31,7 +36,7 @@ class Claims:
     reference: dict | None = None
     """cite, setting and figures: the published numbers, another scale than ours."""
     comparisons: tuple[tuple[str, str], ...] = ()
-    """Pre-registered (arm, against) pairs: the only ones given verdicts, Holm-corrected."""
+    """Pre-registered (arm, against) pairs: the Holm family, the only pairs given verdicts."""
     positive_control: tuple[str, str] | None = None
     """(arm, against): the first must beat the second, its 95% interval excluding 0, before
     any verdict (e.g. more parameters must help where a capacity claim is tested)."""

@@ -3,13 +3,18 @@ any of them gets a verdict.
 
 Each comparison (arm vs against, paired by seed) gets: the mean relative difference in % of
 the against arm's log-loss, the paired 95% t-interval over seeds, its half-width, the sd of
-the per-seed differences, a two-level bootstrap interval over seeds and test documents
-(nlq/eval/bootstrap.py), and, for the pre-registered ones, Holm's correction for their number:
-the i-th smallest of m p-values is compared at 0.05 / (m - i + 1), and its interval is the
-t-interval at that level. A verdict says "beats" or "worse" only where the Holm interval and
-the bootstrap interval both exclude 0. The positive control (e.g. linear+12.5% vs linear, a
-capacity check) must beat its baseline with both 95% intervals below 0; otherwise the report
-says the setting cannot test the claim, and prints no verdict.
+the per-seed differences, a two-level bootstrap interval over seeds and test units (chunks of
+the test stream, or documents for runs that recorded none: nlq/eval/bootstrap.py), and, for
+the pre-registered ones, Holm's correction for their number: the i-th smallest of m p-values
+is compared at 0.05 / (m - i + 1), and its interval is the t-interval at that level.
+
+The pre-registered comparisons (the experiment's hypothesis.comparisons, nlq/eval/claims.py)
+are the Holm family and the only comparisons that get a verdict: every other statement of
+the report about two arms is derived from their outcomes or is a description. A verdict
+says "beats" or "worse" only where the Holm interval and the bootstrap interval both exclude
+0. The positive control (e.g. linear+12.5% vs linear, a capacity check) is a gate, not a
+finding: it must beat its baseline with both 95% intervals below 0; otherwise the report says
+the setting cannot test the claim, and prints no verdict.
 """
 
 from __future__ import annotations
@@ -28,22 +33,25 @@ def _final(runs: list[Run]) -> dict:
     return {r.seed: r.final_loss for r in runs}
 
 
-def _docs(runs: list[Run], seeds: list) -> np.ndarray | None:
-    """(n, 2, D) nats and tokens per document of each seed's test_docs.json; None if any is
-    missing or the documents differ."""
-    by_seed = {r.seed: r for r in runs}
-    out = []
-    for s in seeds:
+def test_units(runs: list[Run]) -> tuple[list[np.ndarray] | None, str]:
+    """Per run, (2, D) nats and tokens per test unit from its test_docs.json, and the unit:
+    "chunks of <T> scored tokens" where every run recorded chunks of one size, else
+    "documents"; None where a file is missing or not what nlq writes."""
+    files = []
+    for r in runs:
         try:
-            d = json.loads((by_seed[s].dir / "test_docs.json").read_text())
-            out.append([d["nats"], d["tokens"]])
-        except (OSError, ValueError, KeyError, TypeError):  # missing, not JSON, not nlq's
-            return None
+            files.append(json.loads((r.dir / "test_docs.json").read_text()))
+        except (OSError, ValueError):  # missing, not JSON
+            return None, "documents"
+    sizes = {f.get("chunk_size") if isinstance(f, dict) else None for f in files}
+    chunks = len(sizes) == 1 and None not in sizes
+    keys = ("chunk_nats", "chunk_tokens") if chunks else ("nats", "tokens")
+    unit = f"chunks of {sizes.pop()} scored tokens" if chunks else "documents"
     try:
-        arr = np.asarray(out, dtype=np.float64)  # (n, 2, D)
-    except (ValueError, TypeError):
-        return None
-    return arr if arr.ndim == 3 else None
+        arrs = [np.asarray([f[keys[0]], f[keys[1]]], dtype=np.float64) for f in files]
+    except (KeyError, TypeError, ValueError):  # not nlq's
+        return None, unit
+    return (arrs if all(a.ndim == 2 for a in arrs) else None), unit
 
 
 def compare(arm: str, against: str, by_arm: dict[str, list[Run]], test: bool,
@@ -68,11 +76,30 @@ def compare(arm: str, against: str, by_arm: dict[str, list[Run]], test: bool,
             "sd_pct": sd, "p": float(2 * student_t.sf(abs(tstat), pair.n - 1)),
             "per_seed_pct": pair.log_loss_pct, "seeds": pair.seeds}
     if test:
-        a, b = _docs(by_arm[arm], pair.seeds), _docs(by_arm[against], pair.seeds)
-        if a is not None and b is not None and a.shape == b.shape and np.array_equal(
-                a[:, 1], b[:, 1]):
-            out["bootstrap"] = paired_bootstrap(a[:, 0], b[:, 0], a[:, 1], level)
+        runs = [_by_seed(by_arm[x])[s] for x in (arm, against) for s in pair.seeds]
+        units, unit = test_units(runs)
+        try:
+            a, b = np.stack(units[:pair.n]), np.stack(units[pair.n:])  # (n, 2, D) each
+        except (TypeError, ValueError):  # a file missing, or units that differ between runs
+            a = b = None
+        if a is not None and a.shape == b.shape and np.array_equal(a[:, 1], b[:, 1]):
+            out["bootstrap"] = paired_bootstrap(a[:, 0], b[:, 0], a[:, 1], level) | {
+                "unit": unit, "n_units": a.shape[2]}
     return out
+
+
+def _by_seed(runs: list[Run]) -> dict:
+    return {r.seed: r for r in runs}
+
+
+def judge(control_pair: tuple[str, str] | None, pairs, by_arm: dict[str, list[Run]],
+          test: bool) -> tuple[dict | None, list[dict]]:
+    """The positive control and the pre-registered comparisons of by_arm, Holm-corrected
+    together: what the report's verdicts are read from."""
+    control = compare(*control_pair, by_arm, test) if control_pair else None
+    comps = [compare(a, against, by_arm, test) for a, against in pairs]
+    holm(comps)
+    return control, comps
 
 
 def holm(comps: list[dict], alpha: float = 1 - LEVEL) -> None:
@@ -96,22 +123,42 @@ def passed(c: dict, key: str = "ci95") -> bool:
     return c[key][1] < 0 and (boot is None or boot["hi"] < 0)
 
 
+def outcome(c: dict) -> str:
+    """A pre-registered comparison's outcome: "beats", "worse", "none" (no detectable
+    difference) or "no verdict" (it could not be computed)."""
+    if "problem" in c:
+        return "no verdict"
+    boot = c.get("bootstrap")
+    if passed(c, "ci_holm"):
+        return "beats"
+    if c["ci_holm"][0] > 0 and (boot is None or boot["lo"] > 0):
+        return "worse"
+    return "none"
+
+
+def numbers(c: dict) -> str:
+    """A pre-registered comparison's mean, Holm interval and bootstrap, in one phrase."""
+    lo, hi = c["ci_holm"]
+    boot = c.get("bootstrap")
+    btxt = (f"; bootstrap over seeds and test {_unit_name(boot)} [{boot['lo']:+.2f}, "
+            f"{boot['hi']:+.2f}]") if boot else ""
+    return (f"{c['mean_pct']:+.2f}% log-loss, Holm-adjusted {100 * c['holm_level']:.1f}% "
+            f"interval [{lo:+.2f}, {hi:+.2f}]{btxt}; {c['n_seeds']} seeds")
+
+
+def _unit_name(boot: dict) -> str:
+    return "chunks" if boot.get("unit", "documents").startswith("chunks") else "documents"
+
+
 def verdict(c: dict) -> str:
     """The sentence a pre-registered comparison earns, never more than its intervals say."""
     a, b = c["arm"], c["against"]
-    if "problem" in c:
+    o = outcome(c)
+    if o == "no verdict":
         return f"{a} vs {b}: no verdict ({c['problem']})"
-    lo, hi = c["ci_holm"]
-    boot = c.get("bootstrap")
-    btxt = f"; bootstrap over seeds and test documents [{boot['lo']:+.2f}, {boot['hi']:+.2f}]" \
-        if boot else ""
-    nums = (f"{c['mean_pct']:+.2f}% log-loss, Holm-adjusted {100 * c['holm_level']:.1f}% "
-            f"interval [{lo:+.2f}, {hi:+.2f}]{btxt}; {c['n_seeds']} seeds")
-    if passed(c, "ci_holm"):
-        return f"{a} beats {b}: {nums}"
-    if lo > 0 and (boot is None or boot["lo"] > 0):
-        return f"{a} is worse than {b}: {nums}"
-    return f"no detectable difference between {a} and {b}: {nums}"
+    head = {"beats": f"{a} beats {b}", "worse": f"{a} is worse than {b}",
+            "none": f"no detectable difference between {a} and {b}"}[o]
+    return f"{head}: {numbers(c)}"
 
 
 def control_line(c: dict) -> str:

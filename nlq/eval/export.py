@@ -3,9 +3,10 @@ the report and `nlq report` needs to rebuild it, and none of the weights.
 
 Kept: the folder's experiment.toml, lrs.json, report.md/json, fig1.png and the sweep's
 sweep.json/png and sweep-plan.json; per run, arm.json, config.toml, summary.json,
-test_docs.json (the per-document test losses the bootstrap resamples) and metrics.jsonl cut to
-its meta, eval and spike lines (the val curve of Fig. 1 and the flags; the per-step train
-lines are ~400 kB a run). Left out: checkpoints, TensorBoard files, locks, logs."""
+test_docs.json (the per-document and per-chunk test losses the bootstrap resamples) and
+metrics.jsonl cut to its meta, eval and spike lines (the val curve of Fig. 1, the slopes of
+the convergence check and the flags; the per-step train lines are ~400 kB a run). Left out:
+checkpoints, TensorBoard files, locks, logs."""
 
 from __future__ import annotations
 

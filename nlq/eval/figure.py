@@ -1,6 +1,7 @@
 """Fig. 1 as the paper draws it (docs/paper.md, "The paper's numbers"): top, val log-loss
 against steps per arm; bottom, improvement over the baseline in % against steps (positive =
-lower loss than the baseline); below, the reference figures the experiment declares."""
+lower loss than the baseline); below, the reference figures the experiment declares. Primary
+runs only: numerical replicates are no seeds (nlq/eval/runs.py)."""
 
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ def draw_fig1(runs: list[Run], rep: dict, path: Path) -> None:
     base = rep["baseline"]
     by_arm: dict[str, list[Run]] = {}
     for r in runs:
-        if r.finished:
+        if r.finished and not r.replicate:  # seeds only: a replicate is no seed (nlq/eval/runs.py)
             by_arm.setdefault(r.arm, []).append(r)
     arms = [row["arm"] for row in rep["arms"]]
     fig = Figure(figsize=(8, 8.5))

@@ -1,6 +1,6 @@
 """The report of an experiment: report.json (nlq.eval.summary), report.md (nlq.eval.markdown)
-and Fig. 1 (nlq.eval.figure) from run folders (nlq.eval.runs), and the lines both `nlq report`
-and `nlq reproduce` print.
+and Fig. 1 (nlq.eval.figure) from run folders (nlq.eval.runs; numerical replicates among them
+are read as such, nlq.eval.noise), and the lines both `nlq report` and `nlq reproduce` print.
 
 What the experiment declares (its expected ordering, the paper's figures) comes from
 nlq.eval.claims: passed in, or read from the experiment.toml that `nlq reproduce` writes.
@@ -17,7 +17,7 @@ from pathlib import Path
 from nlq.errors import NlqError
 from nlq.eval.claims import Claims, find_claims
 from nlq.eval.figure import draw_fig1
-from nlq.eval.markdown import render_markdown
+from nlq.eval.markdown import answer_lines, render_markdown
 from nlq.eval.runs import Run, collect
 from nlq.eval.summary import summarize
 
@@ -82,17 +82,20 @@ def _relative_run_dirs(obj, out: Path) -> None:
 
 
 def summary_lines(rep: dict) -> list[str]:
-    """The report's answers, one line each: verdicts, the declared ordering, QK-norm checks."""
+    """The report's answers, one line each: what stops a verdict, the verdicts of the Holm
+    family and what is read from them, what is only described, rounding and convergence."""
+    head = [x for x in (rep.get("rounding_line"), rep.get("first_line")) if x]
+    judged, described = answer_lines(rep)
     if not rep.get("verdicts_allowed", True):
-        return [rep["first_line"], "Differences (descriptive only, no verdict):"] + [
-            f"- {row['descriptive']}" for row in rep["arms"] if "descriptive" in row]
-    lines = [rep["first_line"]] if rep.get("first_line") else []
-    lines += [f"- {v}" for v in rep.get("preregistered_verdicts", [])]
-    lines += [f"- {row['verdict']}" for row in rep["arms"] if "verdict" in row]
-    if rep["ordering"] and rep["ordering"]["testable"]:
-        lines.append(f"- {rep['ordering']['answer']}")
-    lines += [f"- {s['answer']}" for s in rep["strong_baseline"]]
-    return lines
+        return head + ["Differences (descriptive only, no verdict):"] + [
+            f"- {d}" for d in described]
+    lines = head + [f"- {v}" for v in judged]
+    if described:
+        lines += ["Described (outside the pre-registered comparisons, no verdict):"] + [
+            f"- {d}" for d in described]
+    share = (rep.get("numerical_noise") or {}).get("share_answer")
+    conv = (rep.get("convergence") or {}).get("answer")
+    return lines + [x for x in (share, conv) if x]
 
 
 def print_summary(rep: dict) -> None:

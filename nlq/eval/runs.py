@@ -1,9 +1,16 @@
 """Reading run folders: what the trainer (config.toml, metrics.jsonl, summary.json when
-finished) and the experiment runner (arm.json: experiment, arm, seed_index, label) wrote.
+finished) and the experiment runner (arm.json: experiment, arm, seed_index, label, replicate)
+wrote.
 
 A run without arm.json belongs to the arm named by its parent folder, its seed is
 train.seed. Only finished runs (summary.json with status "finished" and a finite val_loss)
 enter the statistics; the others keep the reason in Run.problem.
+
+A run whose arm.json says "replicate": true is a numerical replicate (`nlq reproduce
+--replicates`): the run of its arm and seed again at another thread count, so with floats
+summed in another order. It is never a seed: the seed statistics read primary runs only,
+and the report's rounding-noise section (nlq/eval/noise.py) sets each replicate beside the
+primary run of its arm and seed.
 """
 
 from __future__ import annotations
@@ -36,6 +43,8 @@ class Run:
     notes: list[str] = field(default_factory=list)
     loss_key: str = "val_loss"
     """The summary key the statistics use: test_loss when every run has one (nlq.eval.summary)."""
+    replicate: bool = False
+    """arm.json's "replicate": the same arm and seed at another thread count, not a seed."""
 
     @property
     def finished(self) -> bool:
@@ -63,6 +72,23 @@ class Run:
     @property
     def last_step(self) -> int | None:
         return self.evals[-1][0] if self.evals else None
+
+    def machine(self, key: str):
+        """summary.json's record of what summed the run's floats ("threads", "isa", "cpu":
+        nlq/sysinfo.py machine_record), None for a run that predates it."""
+        v = (self.summary or {}).get(key)
+        ok = _is_int(v) if key == "threads" else isinstance(v, str)
+        return v if ok else None
+
+    @property
+    def run_key(self) -> tuple:
+        """(arm, seed) for a primary run; for a replicate, with its thread count (or its
+        folder's name, where none is recorded), so replicates of two arms at the same thread
+        count pair with each other."""
+        if not self.replicate:
+            return (self.arm, self.seed)
+        tag = self.machine("threads") or (self.cfg and self.cfg.train.threads) or self.dir.name
+        return (self.arm, self.seed, tag)
 
 
 def find_runs(paths: Iterable[str | Path]) -> list[Path]:
@@ -92,7 +118,7 @@ def read_run(d: Path) -> Run:
     arm = str(arm_info.get("arm") or d.parent.name) if isinstance(arm_info, dict) else d.parent.name
     info = arm_info if isinstance(arm_info, dict) else {}
     text = {k: v for k, v in info.items() if k in ("label", "experiment") and isinstance(v, str)}
-    run = Run(dir=d, arm=arm, seed="?", **text)
+    run = Run(dir=d, arm=arm, seed="?", replicate=info.get("replicate") is True, **text)
     if arm_info is BAD:
         run.notes.append("arm.json is not valid JSON: arm taken from the folder name")
     if "seed_index" in info and not _is_int(info["seed_index"]):
@@ -206,9 +232,11 @@ def collect(run_dirs: Iterable[str | Path]) -> list[Run]:
     seen: dict[tuple, Path] = {}
     for r in runs:
         if r.finished:
-            key = (r.arm, r.seed)
+            key = r.run_key
             if key in seen:
-                raise NlqError(f"arm {r.arm!r} has two finished runs with seed {r.seed!r}: "
-                               f"{seen[key]} and {r.dir} (pass only one of them)")
+                what = "replicates" if r.replicate else "runs"
+                at = f" ({'threads ' * _is_int(key[2])}{key[2]})" if r.replicate else ""
+                raise NlqError(f"arm {r.arm!r} has two finished {what} with seed {r.seed!r}"
+                               f"{at}: {seen[key]} and {r.dir} (pass only one of them)")
             seen[key] = r.dir
     return runs

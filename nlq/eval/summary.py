@@ -2,9 +2,17 @@
 intervals support.
 
 Arms are compared to the baseline seed by seed (nlq.eval.stats.paired): the paper ran one
-seed per arm (docs/paper.md, "The paper's numbers"), so every claim here is sized by the
-paired 95% t-interval, and a single seed is reported as a single observation. An ordering
-the experiment declares (nlq.eval.claims) is checked in the means and in paired intervals.
+seed per arm (docs/paper.md, "The paper's numbers"), so every number here is sized by the
+paired 95% t-interval, and a single seed is reported as a single observation.
+
+Verdicts come only from the Holm family: the experiment's pre-registered comparisons
+(nlq.eval.claims, nlq.eval.compare), once the positive control has passed. Every other
+statement about two arms is derived from their outcomes or only described: each arm against
+the baseline is described; the declared ordering holds or fails only where each neighbouring
+pair is a pre-registered comparison or the positive control; a nonlinear gain "survives" a
+QK-norm baseline only where both pairs are pre-registered. Seeds are primary runs only;
+numerical replicates (nlq.eval.runs) measure rounding noise (nlq.eval.noise), and a verdict
+that changes when they replace their primaries is no finding. Convergence: nlq.eval.convergence.
 """
 
 from __future__ import annotations
@@ -18,8 +26,10 @@ from pathlib import Path
 from nlq.config import flatten
 from nlq.errors import NlqError
 from nlq.eval.claims import Claims
-from nlq.eval.compare import compare, control_line, holm, passed
+from nlq.eval.compare import control_line, judge, numbers, outcome, passed
 from nlq.eval.compare import verdict as prereg_verdict
+from nlq.eval.convergence import convergence, convergence_text
+from nlq.eval.noise import OUTCOME_WORDS, numerical_noise, rounding_line, share_sentence
 from nlq.eval.references import references
 from nlq.eval.runs import Run, read_json
 from nlq.eval.stats import LEVEL, Estimate, Paired, mean_ci, paired
@@ -47,7 +57,10 @@ def _pct_vs(n: int | None, base: int | None) -> float | None:
 
 
 def _arm_stats(name: str, runs: list[Run], base_runs: list[Run] | None, base_row: dict | None,
-               baseline: str) -> dict:
+               baseline: str, family: set) -> dict:
+    """An arm's row; family: the (arm, against) pairs that get verdicts (the pre-registered
+    comparisons and the positive control), whose row against the baseline is described
+    without the note that it is outside them."""
     cfg = runs[0].cfg
     losses = [r.final_loss for r in runs]  # test where every run has it, else val
     vals = [float(r.summary["val_loss"]) for r in runs]
@@ -93,7 +106,8 @@ def _arm_stats(name: str, runs: list[Run], base_runs: list[Run] | None, base_row
     if base_runs is not None and name != baseline:
         pair = paired(final(runs), final(base_runs))
         row["vs_baseline"] = pair.to_dict()
-        row["verdict"] = verdict(name, baseline, pair)
+        row["preregistered"] = (name, baseline) in family
+        row["descriptive"] = f"{name}: {describe(baseline, pair, not row['preregistered'])}"
     return row
 
 
@@ -109,12 +123,9 @@ def ci_text(e: Estimate) -> str:
     return f"{fmt_signed(e.lo)}..{fmt_signed(e.hi)}%"
 
 
-def verdict(arm: str, base: str, pair: Paired) -> str:
-    """One sentence on arm vs base that claims only what the paired interval supports."""
-    return f"{arm}: {_verdict_body(base, pair)}"
-
-
-def _verdict_body(base: str, pair: Paired) -> str:
+def describe(base: str, pair: Paired, outside: bool = True) -> str:
+    """The numbers of a paired comparison, with no verdict and no "beats"; outside: say it
+    is outside the Holm family."""
     if pair.n == 0:
         return f"no seed in common with {base}, so no paired comparison"
     e = pair.log_loss()
@@ -122,19 +133,20 @@ def _verdict_body(base: str, pair: Paired) -> str:
     if pair.n == 1:
         return (f"1 seed: no interval, a single observation (log-loss "
                 f"{fmt_pct(e.mean)}% {side} {base})")
-    if e.excludes_zero:
-        return (f"log-loss {fmt_pct(e.mean)}% {side} {base} (paired 95% CI "
-                f"{ci_text(e)}, {pair.n} seeds)")
-    return (f"not distinguishable from {base} at this scale with {pair.n} seeds "
-            f"(mean {fmt_signed(e.mean)}%, paired 95% CI {ci_text(e)} spans 0)")
+    note = " (described: not a pre-registered comparison)" if outside else ""
+    return (f"mean log-loss {fmt_signed(e.mean)}% vs {base}, paired 95% CI {ci_text(e)}, "
+            f"{pair.n} seeds{note}")
 
 
 NUMBER_WORDS = {2: "two", 3: "three", 4: "four", 5: "five", 6: "six"}
 
 
-def ordering(rows: dict[str, dict], by_arm: dict[str, list[Run]], claims: Claims) -> dict | None:
-    """The declared ordering (claims.ordering, lowest final log-loss first), checked in
-    the means and by the paired interval between each two neighbours; None if none declared."""
+def ordering(rows: dict[str, dict], by_arm: dict[str, list[Run]], claims: Claims,
+             outcomes: dict[tuple[str, str], str]) -> dict | None:
+    """The declared ordering (claims.ordering, lowest final log-loss first); None if none
+    declared. It holds when every neighbouring pair has the outcome "beats" and fails when
+    one is "worse" (outcomes: the Holm family's, and the passed positive control's); with a
+    pair outside them it is only described, with the paired 95% intervals."""
     order = list(claims.ordering)
     if not order:
         return None
@@ -150,70 +162,69 @@ def ordering(rows: dict[str, dict], by_arm: dict[str, list[Run]], claims: Claims
     pairs = {f"{x} vs {y}": paired(final(by_arm[x]), final(by_arm[y]))
              for x, y in pairwise(order)}
     ests = {k: p.log_loss() for k, p in pairs.items()}
+    got = {f"{x} vs {y}": outcomes.get((x, y)) for x, y in pairwise(order)}
     order_txt = " < ".join(f"{a} {means[a]:.4f}" for a in sorted(means, key=means.get))
     ranked = f"Mean final log-loss ranks them {order_txt}. "
-    separated = False
-    if any(e is None for e in ests.values()):
+    parts = [f"{k} {fmt_signed(e.mean)}% (paired 95% CI {ci_text(e)})"
+             for k, e in ests.items() if e is not None and e.has_interval]
+    intervals = ("Intervals: " + "; ".join(parts) + ".") if parts else ""
+    separated = bool(parts) and len(parts) == len(ests) and all(
+        e.hi < 0 for e in ests.values())
+    n = NUMBER_WORDS.get(len(order), str(len(order)))
+    outside = [k for k, o in got.items() if o is None]
+    if outside:
+        status = "described"
+        ans = (f"{who} {chain} is described, not judged: {' and '.join(outside)} "
+               f"{'is' if len(outside) == 1 else 'are'} not a pre-registered comparison. ")
+    elif any(o == "no verdict" for o in got.values()):
         status = "untested"
-        ans = (f"{who} {chain} is not tested here: some arms share no seed, so there is no "
-               f"paired interval between them. {ranked}")
-    elif any(not e.has_interval for e in ests.values()):
-        status = "untested"
-        ans = (f"{who} {chain} is not tested here: with 1 seed there are no intervals. "
-               f"{ranked}")
+        ans = f"{who} {chain} is not tested here: a comparison of its arms has no verdict. "
+    elif all(o == "beats" for o in got.values()):
+        status = "holds"
+        ans = (f"{who} {chain} holds here: the intervals separate the {n} arms (the "
+               f"pre-registered comparisons' and the positive control's). ")
+    elif any(o == "worse" for o in got.values()):
+        status = "contradicted"
+        against = [k for k, o in got.items() if o == "worse"]
+        ans = (f"{who} {chain} does not hold here: the interval of {' and '.join(against)} "
+               f"lies above 0. ")
     else:
-        # "holds" needs every neighbour pair separated in the claimed direction, "does not
-        # hold" one pair separated the other way; a ranking of the means alone is neither
-        parts = [f"{k} {fmt_signed(e.mean)}% (paired 95% CI {ci_text(e)})"
-                 for k, e in ests.items()]
-        separated = all(e.hi < 0 for e in ests.values())
-        against = [k for k, e in ests.items() if e.lo > 0]
-        n = NUMBER_WORDS.get(len(order), str(len(order)))
-        if separated:
-            status = "holds"
-            ans = f"{who} {chain} holds here: the intervals separate the {n} arms. "
-        elif against:
-            status = "contradicted"
-            ans = (f"{who} {chain} does not hold here: the interval of {' and '.join(against)} "
-                   f"lies above 0. ")
-        else:
-            status = "unresolved"
-            ans = (f"{who} {chain} is neither confirmed nor contradicted here: the intervals "
-                   f"do not separate all {n} arms. ")
-        ans += ranked + "Intervals: " + "; ".join(parts) + "."
-    return {"testable": True, "arms": order, "means": means, "holds_in_means": holds,
-            "separated_by_intervals": separated, "status": status,
-            "paired": {k: p.to_dict() for k, p in pairs.items()}, "answer": ans}
+        status = "unresolved"
+        ans = (f"{who} {chain} is neither confirmed nor contradicted here: the intervals "
+               f"do not separate all {n} arms. ")
+    return {"testable": status not in ("described", "untested"), "arms": order,
+            "means": means, "holds_in_means": holds, "separated_by_intervals": separated,
+            "status": status, "outcomes": got,
+            "paired": {k: p.to_dict() for k, p in pairs.items()},
+            "answer": ans + ranked + intervals}
 
 
-def strong_baseline(rows: dict[str, dict], by_arm: dict[str, list[Run]],
-                    baseline: str) -> list[dict]:
-    """For each QK-norm linear arm: does each nonlinear arm's gain survive against it? Only a
-    gain shown over the baseline (its paired interval below 0) can survive; without one the
-    answer says so, and the comparison with the QK-norm arm is only described."""
+def strong_baseline(rows: dict[str, dict], by_arm: dict[str, list[Run]], baseline: str,
+                    outcomes: dict[tuple[str, str], str]) -> list[dict]:
+    """For each QK-norm linear arm: does each nonlinear arm's gain survive against it? A
+    verdict only where both (nonlinear, baseline) and (nonlinear, QK-norm arm) are in the
+    Holm family (outcomes), and only a gain shown over the baseline ("beats") can survive;
+    otherwise the pair is described."""
     strong = [a for a, r in rows.items() if r["qk_norm"] and r["query"] == "linear"]
     nonlin = [a for a, r in rows.items() if r["query"] == "nonlinear"]
     out = []
     for s in strong:
         for n in nonlin:
             pair = paired(final(by_arm[n]), final(by_arm[s]))
-            e = pair.log_loss()
-            gain = (paired(final(by_arm[n]), final(by_arm[baseline])).log_loss()
-                    if baseline in by_arm else None)
-            if e is None or not e.has_interval:
-                head = "undetermined"
-            elif gain is None or not gain.has_interval or gain.hi >= 0:
+            gain, vs = outcomes.get((n, baseline)), outcomes.get((n, s))
+            if gain is None or vs is None:
+                missing = " and ".join(f"{a} vs {b}" for a, b in ((n, baseline), (n, s))
+                                       if (a, b) not in outcomes)
+                head = f"described ({missing}: not a pre-registered comparison)"
+            elif gain != "beats":
                 head = f"no gain over {baseline} is shown here, so none to survive; described"
-            elif e.hi < 0:
-                head = "yes"
-            elif e.lo > 0:
-                head = "no, it is worse"
-            else:  # the interval spans 0: neither shown nor refuted
-                head = "not shown"
+            else:
+                head = {"beats": "yes", "worse": "no, it is worse", "none": "not shown",
+                        "no verdict": "undetermined"}[vs]
             out.append({"nonlinear": n, "strong_baseline": s, "survives": head,
                         "paired": pair.to_dict(),
                         "answer": f"Does {n}'s gain survive against the QK-norm baseline {s}? "
-                                  f"{head}: {_verdict_body(s, pair)}."})
+                                  f"{head}: {describe(s, pair, outside=False)}."})
     return out
 
 
@@ -239,9 +250,10 @@ def _data_info(runs: list[Run], split: str) -> dict:
 def summarize(runs: list[Run], baseline: str = "linear", title: str = "nlq report",
               claims: Claims | None = None) -> dict:
     """The content of report.json, from collected runs; claims: what the experiment declares
-    (its ordering is checked, its reference figures are carried along)."""
+    (its Holm family and control, its ordering; its reference figures are carried along)."""
     claims = claims or Claims()
-    done = [r for r in runs if r.finished]
+    done = [r for r in runs if r.finished and not r.replicate]  # the seeds
+    replicates = [r for r in runs if r.finished and r.replicate]
     # reported numbers come from the test split; val only when some run has no test loss
     split = "test" if done and all(_finite(r.summary.get("test_loss")) for r in done) else "val"
     for r in done:
@@ -249,7 +261,8 @@ def summarize(runs: list[Run], baseline: str = "linear", title: str = "nlq repor
     if not done:
         where = ", ".join(str(r.dir) for r in runs[:3]) + (" ..." if len(runs) > 3 else "")
         raise NlqError(f"no finished run among {len(runs)} run(s) ({where}): every run lacks a "
-                       f"finished summary.json")
+                       f"finished summary.json" + (" (only replicates are finished)"
+                                                   if replicates else ""))
     by_arm: dict[str, list[Run]] = {}
     for r in done:
         by_arm.setdefault(r.arm, []).append(r)
@@ -264,13 +277,14 @@ def summarize(runs: list[Run], baseline: str = "linear", title: str = "nlq repor
     rows: dict[str, dict] = {}
     base_row = None
     for a in _arm_order(list(by_arm), baseline):
-        rows[a] = _arm_stats(a, by_arm[a], by_arm.get(baseline), base_row, baseline)
+        rows[a] = _arm_stats(a, by_arm[a], by_arm.get(baseline), base_row, baseline,
+                             {*claims.comparisons, *filter(None, [claims.positive_control])})
         if a == baseline:
             base_row = rows[a]
             for k in ("params_total", "params_non_embedding"):
                 base_row[f"{k}_vs_baseline_pct"] = 0.0 if isinstance(base_row[k], int) else None
 
-    notes = [f"{r.dir}: {n}" for r in done for n in r.notes]
+    notes = [f"{r.dir}: {n}" for r in done + replicates for n in r.notes]
     for a, row in rows.items():
         vs = row.get("vs_baseline") or {}
         if vs.get("seeds_only_in_arm"):
@@ -286,31 +300,54 @@ def summarize(runs: list[Run], baseline: str = "linear", title: str = "nlq repor
         notes.append(f"runs used different data dirs: {', '.join(data['dirs'])}")
     b = by_arm[baseline][0].cfg if have_base else done[0].cfg
     test = done[0].summary if split == "test" else {}
-    control, comps = None, []
-    if claims.positive_control:
-        control = compare(*claims.positive_control, by_arm, split == "test")
-    for a, against in claims.comparisons:
-        comps.append(compare(a, against, by_arm, split == "test"))
-    holm(comps)
-    allowed = control is None or passed(control)
-    if not allowed:  # no verdict anywhere: the numbers stay, as descriptions
-        for row in rows.values():
-            if "verdict" in row:
-                row["descriptive"] = row.pop("verdict")
-    order = ordering(rows, by_arm, claims)
+
+    def rejudge(arms: dict[str, list[Run]]) -> tuple[dict | None, list[dict]]:
+        return judge(claims.positive_control, claims.comparisons, arms, split == "test")
+
+    control, comps = rejudge(by_arm)
+    noise = numerical_noise(by_arm, replicates, control, comps, rejudge)
+    notes += noise["skipped"]
+    allowed = (control is None or passed(control)) and not noise.get("control_unstable")
+    unstable = set(noise.get("unstable", [])) if allowed else set()
+    # the Holm family's outcomes, which the ordering and the QK-norm question are read from;
+    # a verdict that changes with the summation order counts as no difference
+    outcomes = {}
+    if allowed:
+        outcomes = {(c["arm"], c["against"]): "none" if f"{c['arm']} vs {c['against']}"
+                    in unstable else outcome(c) for c in comps}
+        if control is not None:
+            outcomes[tuple(claims.positive_control)] = "beats"  # it passed
+    order = ordering(rows, by_arm, claims, outcomes)
     if order is not None and not allowed:
         order = {"testable": False, "arms": order["arms"],
-                 "answer": "The ordering is not checked: the positive control failed."}
+                 "answer": "The ordering is not checked: the positive control "
+                           + ("does not survive a change of summation order."
+                              if noise.get("control_unstable") else "failed.")}
+    judged = [c for c in ([control] if control else []) + comps if "half_width_95_pct" in c]
+    if judged:
+        narrow = min(judged, key=lambda c: c["half_width_95_pct"])
+        hw, by = narrow["half_width_95_pct"], f"{narrow['arm']} vs {narrow['against']}"
+    else:  # no pre-registered interval: the paired intervals against the baseline
+        vs = [(r["vs_baseline"]["log_loss_pct"], r["arm"]) for r in rows.values()
+              if (r.get("vs_baseline") or {}).get("log_loss_pct") and
+              r["vs_baseline"]["log_loss_pct"]["lo"] is not None]
+        e, arm = min(vs, key=lambda x: x[0]["hi"] - x[0]["lo"]) if vs else (None, None)
+        hw, by = ((e["hi"] - e["lo"]) / 2, f"{arm} vs {baseline}") if e else (None, None)
+    conv = convergence({a: by_arm[a] for a in rows}, hw, by)
+    conv["answer"] = convergence_text(conv)
+    noise["share_answer"] = share_sentence(noise)
     return {
         "title": title,
         "baseline": baseline if have_base else None,
         "level": LEVEL,
         "split": split,
+        "rounding_line": rounding_line(noise, control is None or passed(control)),
         "first_line": control_line(control) if control is not None else None,
         "verdicts_allowed": allowed,
         "positive_control": control,
         "preregistered": comps,
-        "preregistered_verdicts": [prereg_verdict(c) for c in comps] if allowed else [],
+        "preregistered_verdicts": [_stable_verdict(c, unstable) for c in comps]
+        if allowed else [],
         "measured": {
             "metric": _metric_text(split, test),
             "val_sequences": b.train.eval_batches * b.train.micro_batch,
@@ -318,6 +355,7 @@ def summarize(runs: list[Run], baseline: str = "linear", title: str = "nlq repor
             "model": {k: getattr(b.model, k) for k in ("arch", "n_layer", "n_head", "d_model",
                                                        "block_size", "vocab_size", "pos_emb")},
             "n_finished_runs": len(done),
+            "n_replicates": len(replicates),
             "n_arms": len(rows),
         },
         "data": data,
@@ -328,13 +366,27 @@ def summarize(runs: list[Run], baseline: str = "linear", title: str = "nlq repor
                        "spikes": r.summary.get("spikes", [])}
                       for r in done if r.summary.get("n_spikes")],
         "ordering": order,
-        "strong_baseline": strong_baseline(rows, by_arm, baseline),
+        "strong_baseline": strong_baseline(rows, by_arm, baseline, outcomes),
+        "numerical_noise": noise,
+        "convergence": conv,
         "incomplete": [{"run_dir": str(r.dir), "arm": r.arm, "seed": r.seed,
-                        "last_eval_step": r.last_step, "reason": r.problem}
+                        "replicate": r.replicate, "last_eval_step": r.last_step,
+                        "reason": r.problem}
                        for r in runs if not r.finished],
         "paper": claims.reference,
         "notes": notes,
     }
+
+
+def _stable_verdict(c: dict, unstable: set[str]) -> str:
+    """prereg_verdict, or, for a comparison whose outcome changes with the summation order,
+    a sentence that gives it as no finding."""
+    name = f"{c['arm']} vs {c['against']}"
+    if name not in unstable:
+        return prereg_verdict(c)
+    return (f"{name}: no finding: the verdict ({OUTCOME_WORDS[outcome(c)]} with the primary "
+            f"runs) does not survive a change of summation order (see Numerical noise); "
+            f"{numbers(c)}")
 
 
 def _finite(x) -> bool:

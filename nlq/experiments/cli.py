@@ -6,8 +6,9 @@ committable part of an output folder)."""
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
+
+from nlq.sysinfo import check_threads, cores
 
 # ---------------------------------------------------------------------------------------
 # nlq params
@@ -98,11 +99,22 @@ def add_reproduce_arguments(p) -> None:
     p.add_argument("--out", default=None, metavar="DIR",
                    help="output dir (default: out/<experiment>-<preset>)")
     p.add_argument("--jobs", type=int, default=None,
-                   help="runs trained at once (default: 2 on a CPU with >= 2 cores, else 1)")
+                   help="runs trained at once (default: on a CPU, its cores / --threads; "
+                        "on a GPU 1)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="config override for every arm, e.g. train.max_steps=100")
     p.add_argument("--force", action="store_true",
                    help="train gpt3-small even where no GPU is present")
+    p.add_argument("--threads", type=int, default=1, metavar="N",
+                   help="intra-op CPU threads of every run (default 1): a fixed count, so the "
+                        "command sums floats in the same order on any machine of the same ISA; "
+                        "recorded in each run's config and summary")
+    p.add_argument("--replicates", type=int, default=0, metavar="K",
+                   help="also train seeds 0..K-1 of every arm at --replicate-threads: "
+                        "numerical replicates, whose differences the report shows as rounding "
+                        "noise beside the seed noise (default 0)")
+    p.add_argument("--replicate-threads", type=int, default=2, metavar="N",
+                   help="thread count of the replicates (default 2; must differ from --threads)")
     p.add_argument("--lrs-from", default=None, metavar="SWEEP_JSON",
                    help="train each arm at the lr that `nlq sweep` chose for it on val (its "
                         "sweep.json; same preset and --set); written to OUT/lrs.json")
@@ -113,11 +125,15 @@ def run_reproduce(args) -> int:
     from nlq.experiments.reproduce import reproduce
 
     arms = [a.strip() for a in args.arms.split(",") if a.strip()] if args.arms else None
-    jobs = _jobs(args.jobs)
+    threads = check_threads(args.threads, "--threads")
+    rthreads = (check_threads(args.replicate_threads, "--replicate-threads")
+                if args.replicates else None)
+    jobs = _jobs(args.jobs, threads)
     exp_name = Path(args.experiment).stem
     out = Path(args.out or f"out/{exp_name}-{args.preset}")
     return reproduce(args.experiment, args.preset, args.seeds, arms, out, jobs, args.force,
-                     parse_sets(args.set), Path(args.lrs_from) if args.lrs_from else None)
+                     parse_sets(args.set), Path(args.lrs_from) if args.lrs_from else None,
+                     threads, args.replicates, rthreads)
 
 
 # ---------------------------------------------------------------------------------------
@@ -131,15 +147,22 @@ def add_sweep_arguments(p) -> None:
     p.add_argument("--arms", default=None, metavar="A,B,...",
                    help="sweep only these arms (the baseline is always added)")
     p.add_argument("--lrs", required=True, metavar="LR,LR,...",
-                   help="the lr grid: at least 3 values rising in x2 steps, e.g. "
-                        "6e-3,1.2e-2,2.4e-2")
-    p.add_argument("--seeds", type=int, default=2, help="seeds per arm and lr (>= 2; default 2)")
+                   help="the lr grid: at least 3 values rising in one constant step, x2 or "
+                        "x sqrt(2), e.g. 6e-3,1.2e-2,2.4e-2 or 1e-2,1.414e-2,2e-2,2.828e-2")
+    p.add_argument("--seeds", type=int, default=4,
+                   help="seeds per arm and lr (>= 2; default 4), indices 1000 and up: never "
+                        "a seed of `nlq reproduce`")
     p.add_argument("--out", default=None, metavar="DIR",
                    help="output dir (default: out/sweep-<experiment>-<preset>)")
     p.add_argument("--jobs", type=int, default=None,
-                   help="runs trained at once (default: 2 on a CPU with >= 2 cores, else 1)")
+                   help="runs trained at once (default: on a CPU, its cores / --threads; "
+                        "on a GPU 1)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="config override for every run, e.g. train.max_steps=100")
+    p.add_argument("--threads", type=int, default=1, metavar="N",
+                   help="intra-op CPU threads of every run (default 1): a fixed count, so the "
+                        "command sums floats in the same order on any machine of the same ISA; "
+                        "recorded in each run's config and summary")
 
 
 def run_sweep(args) -> int:
@@ -153,17 +176,19 @@ def run_sweep(args) -> int:
         raise NlqError(f"--lrs {args.lrs!r}: give numbers separated by commas") from None
     arms = [a.strip() for a in args.arms.split(",") if a.strip()] if args.arms else None
     out = Path(args.out or f"out/sweep-{Path(args.experiment).stem}-{args.preset}")
+    threads = check_threads(args.threads, "--threads")
     return sweep(args.experiment, args.preset, arms, lrs, args.seeds, out,
-                 _jobs(args.jobs), parse_sets(args.set))
+                 _jobs(args.jobs, threads), parse_sets(args.set), threads)
 
 
-def _jobs(jobs: int | None) -> int:
+def _jobs(jobs: int | None, threads: int = 1) -> int:
+    """--jobs, or its default: on a CPU, as many runs as the cores hold at `threads` each."""
     import torch
 
     from nlq.errors import NlqError
 
     if jobs is None:
-        jobs = 2 if not torch.cuda.is_available() and (os.cpu_count() or 1) >= 2 else 1
+        jobs = 1 if torch.cuda.is_available() else max(1, cores() // threads)
     if jobs < 1:
         raise NlqError(f"--jobs must be >= 1, got {jobs}")
     return jobs
@@ -241,7 +266,12 @@ def add_study_arguments(p) -> None:
     p.add_argument("--out", default="out/study", metavar="DIR",
                    help="output dir (default: out/study); one folder per rung")
     p.add_argument("--jobs", type=int, default=None,
-                   help="runs trained at once (default: 2 on a CPU with >= 2 cores, else 1)")
+                   help="runs trained at once (default: on a CPU, its cores / --threads; "
+                        "on a GPU 1)")
+    p.add_argument("--threads", type=int, default=1, metavar="N",
+                   help="intra-op CPU threads of every run (default 1): a fixed count, so the "
+                        "command sums floats in the same order on any machine of the same ISA; "
+                        "recorded in each run's config and summary")
     p.add_argument("--dry-run", action="store_true",
                    help="print the plan and its cost (measured here), train nothing")
     p.add_argument("--force", action="store_true",
@@ -252,8 +282,9 @@ def run_study(args) -> int:
     from nlq.experiments.study import study
 
     names = [r.strip() for r in args.rungs.split(",") if r.strip()] if args.rungs else None
-    return study(args.ladder, names, Path(args.out), _jobs(args.jobs), args.force,
-                 args.dry_run)
+    threads = check_threads(args.threads, "--threads")
+    return study(args.ladder, names, Path(args.out), _jobs(args.jobs, threads), args.force,
+                 args.dry_run, threads)
 
 
 # name: (help, add_arguments, run)

@@ -47,14 +47,27 @@ class RunSpec:
     cfg: Config
     run_dir: Path
     tag: str = ""  # e.g. a sweep's lr: part of the config file's name
+    replicate: bool = False
+    """A numerical replicate: the run of (arm, seed_index) again at another thread count,
+    i.e. another float summation order; it measures rounding noise and is never a seed."""
 
     @property
     def config_name(self) -> str:
-        return f"{self.tag}{self.arm}-seed{self.seed_index}.toml"
+        rep = f"-threads{self.cfg.train.threads}" if self.replicate else ""
+        return f"{self.tag}{self.arm}-seed{self.seed_index}{rep}.toml"
+
+    @property
+    def threads(self) -> int:
+        return self.cfg.train.threads or 1
 
 
 def plan(exp: Experiment, preset: str, seeds: int, arm_names: list[str] | None,
-         out: Path, sets: dict | None = None) -> list[RunSpec]:
+         out: Path, sets: dict | None = None, threads: int = 1,
+         replicates: int = 0, replicate_threads: int | None = None) -> list[RunSpec]:
+    """Every arm x seed at `threads` intra-op threads (a fixed count, not the machine's
+    cores: the same command then sums floats in the same order on any machine of the same
+    ISA), plus, for the first `replicates` seeds, each arm again at replicate_threads: the
+    numerical replicates the report's rounding-noise section compares."""
     if seeds < 2:
         # the report's intervals, its positive control and every verdict need two seeds per
         # arm at least; one-seed runs are `nlq train`, and `nlq report` still reads them
@@ -69,12 +82,24 @@ def plan(exp: Experiment, preset: str, seeds: int, arm_names: list[str] | None,
         names = [a for a in exp.arms if a in arm_names]
         if exp.baseline not in names:
             names.insert(0, exp.baseline)  # every comparison needs the baseline
+    if not 0 <= replicates <= seeds:
+        raise NlqError(f"--replicates must be between 0 and --seeds ({seeds}), got {replicates}")
+    if replicates and replicate_threads in (None, threads):
+        raise NlqError(f"--replicate-threads must differ from --threads ({threads}): a "
+                       f"replicate at the same thread count is the same run, bit for bit")
     arms = experiment_arms(exp, preset, sets, names)
     # seed k: init seed train.seed + k and data order data.seed + k, the same in every arm
-    return [RunSpec(a, k, cfg.replace(**{"train.seed": cfg.train.seed + k,
-                                         "data.seed": cfg.data.seed + k}),
-                    out / "runs" / a / f"seed{k}")
-            for k in range(seeds) for a, cfg in arms.items()]
+    specs = [RunSpec(a, k, cfg.replace(**{"train.seed": cfg.train.seed + k,
+                                          "data.seed": cfg.data.seed + k,
+                                          "train.threads": threads}),
+                     out / "runs" / a / f"seed{k}")
+             for k in range(seeds) for a, cfg in arms.items()]
+    reps = [dataclasses.replace(s, cfg=s.cfg.replace(**{"train.threads": replicate_threads}),
+                                run_dir=s.run_dir.with_name(f"{s.run_dir.name}-threads"
+                                                            f"{replicate_threads}"),
+                                replicate=True)
+            for s in specs if s.seed_index < replicates]
+    return specs + reps
 
 
 def ensure_data(preset: str, cfg: Config) -> None:
@@ -185,7 +210,7 @@ def _last_step(run_dir: Path) -> int:
 
 def run_all(specs: list[RunSpec], exp: Experiment, jobs: int, out: Path,
             states: dict[Path, str] | None = None) -> list[str]:
-    """Train every planned run (jobs at a time, threads split between them); returns the
+    """Train every planned run (jobs at a time, within jobs x threads cores); returns the
     arms/seeds that failed. Each run is a subprocess `nlq train`, so a crash or a divergence
     of one run never takes the others down. states: run_states(specs), if checked already."""
     from tqdm import tqdm
@@ -200,8 +225,9 @@ def run_all(specs: list[RunSpec], exp: Experiment, jobs: int, out: Path,
         if state == "new":
             shutil.rmtree(s.run_dir, ignore_errors=True)  # a start that never checkpointed
             s.run_dir.mkdir(parents=True)
+            rep = {"replicate": True} if s.replicate else {}
             write_atomic(s.run_dir / "arm.json", json.dumps(
-                {"experiment": exp.name, "arm": s.arm, "seed_index": s.seed_index}))
+                {"experiment": exp.name, "arm": s.arm, "seed_index": s.seed_index, **rep}))
             cmd = ["train", str(cfg_path), "--out", str(s.run_dir)]
         else:
             cmd = ["train", "--resume", str(s.run_dir)]
@@ -209,20 +235,25 @@ def run_all(specs: list[RunSpec], exp: Experiment, jobs: int, out: Path,
     if not todo:
         print(f"reproduce: all {len(specs)} runs finished already", file=sys.stderr)
         return []
-    threads = max(1, (os.cpu_count() or 1) // jobs)
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
     total = sum(s.cfg.train.max_steps for s, _ in todo)
     done_steps = {s.run_dir: _last_step(s.run_dir) for s, _ in todo}
+    # jobs runs at the command's thread count: a budget of threads, so that a replicate at
+    # more threads waits for room (oversubscribed cores stall a multi-threaded run's
+    # barriers many times over); a run that needs more than the budget runs alone
+    budget = jobs * max([s.threads for s in specs if not s.replicate] or [1])
     failed, running = [], []
     queue = list(todo)
     bar = tqdm(total=total, initial=sum(done_steps.values()), unit="step", dynamic_ncols=True,
                desc=f"{len(todo)} runs", file=sys.stderr)
     while queue or running:
-        while queue and len(running) < jobs:
+        while queue and (not running or sum(r[0].threads for r in running)
+                         + queue[0][0].threads <= budget):
             s, cmd = queue.pop(0)
             # open while the run lives: closed when it ends, below; never through a symlink
             log = os.fdopen(os.open(s.run_dir / "train.log", os.O_WRONLY | os.O_APPEND |
                                     os.O_CREAT | os.O_NOFOLLOW, 0o666), "a")
+            # the run sets its own pool (train.threads); OpenMP outside torch's pool agrees
+            env = {**os.environ, "OMP_NUM_THREADS": str(s.threads)}
             p = subprocess.Popen([sys.executable, "-m", "nlq", *cmd, "--no-progress"],
                                  stdout=log, stderr=subprocess.STDOUT, env=env)
             running.append((s, p, log))
@@ -238,12 +269,12 @@ def run_all(specs: list[RunSpec], exp: Experiment, jobs: int, out: Path,
             log.close()
             summ = read_summary(s.run_dir)[0] if p.returncode == 0 else None
             if summ is None:  # failed, or stopped by a signal before it finished
-                failed.append(f"{s.arm}/seed{s.seed_index}")
+                failed.append(f"{s.arm}/{s.run_dir.name}")
                 tail = (s.run_dir / "train.log").read_text(errors="replace").strip()
-                bar.write(f"reproduce: {s.arm} seed{s.seed_index} failed (exit "
+                bar.write(f"reproduce: {s.arm} {s.run_dir.name} failed (exit "
                           f"{p.returncode}): {tail.splitlines()[-1] if tail else ''}")
             else:
-                bar.write(f"reproduce: {s.arm} seed{s.seed_index}: val loss "
+                bar.write(f"reproduce: {s.arm} {s.run_dir.name}: val loss "
                           f"{summ['val_loss']:.4f} ({summ['tok_per_s']:,.0f} tok/s)")
     bar.close()
     return failed
@@ -286,11 +317,13 @@ def with_lrs(specs: list[RunSpec], lrs: dict[str, float]) -> list[RunSpec]:
 
 def reproduce(experiment: str, preset: str, seeds: int, arm_names: list[str] | None,
               out: Path, jobs: int, force: bool, sets: dict | None = None,
-              lrs_from: Path | None = None) -> int:
+              lrs_from: Path | None = None, threads: int = 1, replicates: int = 0,
+              replicate_threads: int | None = None) -> int:
     import torch
 
     exp = load_experiment(experiment)
-    specs = plan(exp, preset, seeds, arm_names, out, sets)
+    specs = plan(exp, preset, seeds, arm_names, out, sets, threads, replicates,
+                 replicate_threads)
     lrs = None
     if lrs_from is not None:  # each arm at the lr its sweep chose on val
         lrs = read_sweep_lrs(lrs_from, preset, sets, sorted({s.arm for s in specs}))

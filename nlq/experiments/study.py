@@ -2,12 +2,14 @@
 
 A ladder (nlq/experiments/ladder.toml, or any TOML of that form) names an experiment, its arms
 and rungs; a rung is a preset plus config overrides, an lr grid and seed counts. For each rung
-the study runs `nlq sweep` (every arm at every lr, chosen on val; when an arm's best lr lies
-at an edge of the grid, the grid grows by one x2 step on that side, at most MAX_WIDEN times)
+the study runs `nlq sweep` (every arm at every lr, on seeds the comparison never uses, the lr
+chosen on val by a fit; when an arm's lowest grid point is an edge of the grid, the grid grows
+by one of its steps on that side, to at most MAX_WIDEN times beyond the declared grid)
 and then `nlq reproduce --lrs-from` (the seeds, scored on the test split, positive control
 first), under OUT/<rung>/sweep and OUT/<rung>/compare. Both skip finished runs and resume
 killed ones, so a study can be stopped and continued across days. Each rung's definition is
 written to OUT/<rung>/rung.json when it starts; a different definition on resume is refused.
+Every key of a ladder is checked when it is read (load_ladder), naming the key.
 The study report (nlq/experiments/study_report.py) is rebuilt from the rungs' reports at the
 end of every invocation.
 """
@@ -18,18 +20,19 @@ import json
 import math
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 from nlq.config import load_config, read_toml
+from nlq.config.load import preset_names
 from nlq.errors import NlqError
 from nlq.experiments.experiment import experiment_arms, experiment_path, load_experiment
 from nlq.experiments.reproduce import reproduce
-from nlq.experiments.sweep import RESULT_FILE, sweep
+from nlq.experiments.sweep import LR_CHOICE, RESULT_FILE, SEED_OFFSET, check_grid, grid_step, sweep
 from nlq.fsutil import write_atomic
 from nlq.model.params import flops_per_token
 
-MAX_WIDEN = 2  # extra x2 steps a sweep's grid may grow by, per side, when its best is an edge
+MAX_WIDEN = 4.0  # how far (a factor) a sweep's grid may grow per side when its best is an edge
 RUNG_FILE = "rung.json"
 H100_BF16_TFLOPS, GPU_MFU = 989.0, 0.40  # the GPU estimate's assumptions, printed with it
 
@@ -39,7 +42,7 @@ class Rung:
     name: str
     preset: str
     lrs: list[float]
-    sweep_seeds: int = 2
+    sweep_seeds: int = 4
     seeds: int = 8
     sets: dict = field(default_factory=dict)
     device: str = "cpu"  # "cuda": not started on a machine without a CUDA GPU
@@ -54,6 +57,8 @@ class Ladder:
 
 
 def load_ladder(path: str | Path | None = None) -> Ladder:
+    """A ladder with every key checked, each error naming it: a bad value is one error here,
+    never a plan of negative runs or a failure hours into a study."""
     path = Path(path) if path else Path(__file__).with_name("ladder.toml")
     raw = read_toml(path)
     unknown = set(raw) - {"experiment", "arms", "rungs"}
@@ -61,31 +66,73 @@ def load_ladder(path: str | Path | None = None) -> Ladder:
         raise NlqError(f"ladder {path}: unknown key {min(unknown)!r}")
     if not isinstance(raw.get("rungs"), dict) or not raw["rungs"]:
         raise NlqError(f"ladder {path}: no [rungs.<name>] table")
-    exp = str(raw.get("experiment", "paper"))
+    exp = raw.get("experiment", "paper")
+    if not isinstance(exp, str):
+        raise NlqError(f"ladder {path}: experiment must be a name or a TOML file, got {exp!r}")
     if not Path(exp).is_absolute() and exp.endswith(".toml"):
         exp = str(path.parent / exp)  # a file beside the ladder
-    rungs = {}
+    try:
+        known = load_experiment(exp).arms
+    except NlqError as e:
+        raise NlqError(f"ladder {path}: experiment: {e}") from None
+    arms = raw.get("arms") or []
+    if not isinstance(arms, list) or not all(isinstance(a, str) for a in arms):
+        raise NlqError(f"ladder {path}: arms must be a list of arm names, got {arms!r}")
+    bad = [a for a in arms if a not in known]
+    if bad:
+        raise NlqError(f"ladder {path}: arms: unknown arm {bad[0]!r} (experiment {exp!r} has "
+                       f"{', '.join(known)})")
+    rungs = {name: _rung(path, name, r) for name, r in raw["rungs"].items()}
+    return Ladder(experiment=exp, arms=arms, rungs=rungs)
+
+
+def _rung(path: Path, name: str, r) -> Rung:
     keys = {"preset", "lrs", "sweep_seeds", "seeds", "set", "device", "description"}
-    for name, r in raw["rungs"].items():
-        bad = set(r) - keys
-        if bad:
-            raise NlqError(f"ladder {path}: rung {name!r} has unknown key {min(bad)!r} "
-                           f"(known: {', '.join(sorted(keys))})")
-        if "preset" not in r or "lrs" not in r:
-            raise NlqError(f"ladder {path}: rung {name!r} needs preset and lrs")
-        if r.get("device", "cpu") not in ("cpu", "cuda"):
-            raise NlqError(f"ladder {path}: rung {name!r}: device must be cpu or cuda")
-        rungs[name] = Rung(name=name, preset=r["preset"], lrs=[float(x) for x in r["lrs"]],
-                           sweep_seeds=int(r.get("sweep_seeds", 2)), seeds=int(r.get("seeds", 8)),
-                           sets=dict(r.get("set", {})), device=r.get("device", "cpu"),
-                           description=r.get("description", ""))
-    return Ladder(experiment=exp, arms=list(raw.get("arms") or []), rungs=rungs)
+    where = f"ladder {path}: rungs.{name}"
+    if not isinstance(r, dict):
+        raise NlqError(f"{where} must be a table ([rungs.{name}])")
+    bad = set(r) - keys
+    if bad:
+        raise NlqError(f"ladder {path}: rung {name!r} has unknown key {min(bad)!r} "
+                       f"(known: {', '.join(sorted(keys))})")
+    if "preset" not in r or "lrs" not in r:
+        raise NlqError(f"ladder {path}: rung {name!r} needs preset and lrs")
+    if r["preset"] not in preset_names():
+        raise NlqError(f"{where}.preset: unknown preset {r['preset']!r} (presets: "
+                       f"{', '.join(preset_names())})")
+    if not isinstance(r["lrs"], list):
+        raise NlqError(f"{where}.lrs must be a list of learning rates, got {r['lrs']!r}")
+    check_grid(r["lrs"], f"{where}.lrs")
+    defaults = {f.name: f.default for f in fields(Rung)}
+    counts = {k: r.get(k, defaults[k]) for k in ("sweep_seeds", "seeds")}
+    for k, v in counts.items():
+        # 2 at least: a sweep's choice averages over seeds, the report's intervals need 2
+        if not isinstance(v, int) or isinstance(v, bool) or v < 2:
+            raise NlqError(f"{where}.{k} must be an integer >= 2, got {v!r}")
+    if r.get("device", "cpu") not in ("cpu", "cuda"):
+        raise NlqError(f"{where}.device must be cpu or cuda, got {r['device']!r}")
+    sets = r.get("set", {})
+    if not isinstance(sets, dict):
+        raise NlqError(f"{where}.set must be a table of config overrides, got {sets!r}")
+    try:
+        load_config(r["preset"], sets)  # the same validation as --set: names the config key
+    except NlqError as e:
+        raise NlqError(f"{where}.set: {e}") from None
+    desc = r.get("description", "")
+    if not isinstance(desc, str):
+        raise NlqError(f"{where}.description must be a string, got {desc!r}")
+    return Rung(name=name, preset=r["preset"], lrs=[float(x) for x in r["lrs"]],
+                sweep_seeds=counts["sweep_seeds"], seeds=counts["seeds"], sets=dict(sets),
+                device=r.get("device", "cpu"), description=desc)
 
 
 def rung_record(ladder: Ladder, rung: Rung) -> dict:
     """What fixes a rung's numbers: written once, compared on every resume."""
     exp = load_experiment(ladder.experiment)
-    rec = {"experiment": exp.name, "arms": ladder.arms, **asdict(rung)}
+    rec = {"experiment": exp.name, "arms": ladder.arms, **asdict(rung),
+           # how the sweep chose: a rung swept otherwise (other seeds, another rule) has
+           # other lrs, so other comparison runs
+           "sweep_seed_offset": SEED_OFFSET, "lr_choice": LR_CHOICE}
     rec.pop("description")  # words only: may change
     return rec
 
@@ -106,7 +153,7 @@ def check_rung(out: Path, record: dict) -> None:
         if diff:
             k = diff[0]
             raise NlqError(f"{out}: rung {record['name']!r} was started with {k} = "
-                           f"{before.get(k)!r}, the ladder now says {record.get(k)!r}: a "
+                           f"{before.get(k)!r}, this study now has {record.get(k)!r}: a "
                            f"changed rung is a new rung (give it another name), or use "
                            f"another --out")
     else:
@@ -162,8 +209,7 @@ def measure_tok_s(cfg, threads: int, steps: int = 4) -> float:
         torch.set_num_threads(old)
 
 
-def print_plan(ladder: Ladder, names: list[str], out: Path, jobs: int, cpu_count: int) -> None:
-    threads = max(1, cpu_count // jobs)
+def print_plan(ladder: Ladder, names: list[str], out: Path, jobs: int, threads: int) -> None:
     print(f"study: {len(names)} rung(s) of {ladder.experiment}, arms "
           f"{', '.join(ladder.arms) or 'all'}; {jobs} run(s) at a time here")
     total_h = 0.0
@@ -188,45 +234,48 @@ def print_plan(ladder: Ladder, names: list[str], out: Path, jobs: int, cpu_count
 # running
 
 
-def run_rung(ladder: Ladder, rung: Rung, out: Path, jobs: int) -> int:
+def run_rung(ladder: Ladder, rung: Rung, out: Path, jobs: int, threads: int = 1) -> int:
     """Sweep (growing the grid while a best lr sits at its edge), then the seeds."""
     check_rung(out, rung_record(ladder, rung))
     arms = ladder.arms or None
     lrs = list(rung.lrs)
-    for _ in range(2 * MAX_WIDEN + 1):
+    # each pass grows a side by one step, at most log_step(MAX_WIDEN) steps a side
+    for _ in range(2 * round(math.log(MAX_WIDEN) / math.log(grid_step(lrs))) + 1):
         rc = sweep(ladder.experiment, rung.preset, arms, lrs, rung.sweep_seeds, out / "sweep",
-                   jobs, rung.sets)
+                   jobs, rung.sets, threads)
         if rc != 0:
             return rc
         result = json.loads((out / "sweep" / RESULT_FILE).read_text())
-        grown = widen(lrs, result["chosen"], rung.lrs)
+        grown = widen(lrs, result["fit"], rung.lrs)
         if grown == lrs:
             break
         print(f"study: {rung.name}: a best lr lies at the grid's edge; growing the grid to "
               f"{', '.join(f'{v:.4g}' for v in grown)}", file=sys.stderr)
         lrs = grown
     return reproduce(ladder.experiment, rung.preset, rung.seeds, arms, out / "compare", jobs,
-                     force=False, sets=rung.sets, lrs_from=out / "sweep" / RESULT_FILE)
+                     force=False, sets=rung.sets, lrs_from=out / "sweep" / RESULT_FILE,
+                     threads=threads)
 
 
 def widen(lrs: list[float], chosen: dict, declared: list[float]) -> list[float]:
-    """lrs grown by one x2 step on each side where some arm's best lr is the edge, within
-    MAX_WIDEN steps beyond the declared grid."""
-    best = {c["lr"] for c in chosen.values()}
-    lo_steps = round(math.log2(declared[0] / lrs[0]))
-    hi_steps = round(math.log2(lrs[-1] / declared[-1]))
+    """lrs grown by one grid step (x2 or x sqrt(2)) on each side where some arm's lowest grid
+    point is the edge (sweep.json's fit.<arm>.grid_best), to at most MAX_WIDEN times beyond
+    the declared grid."""
+    step = grid_step(declared)
+    limit = round(math.log(MAX_WIDEN) / math.log(step))  # steps per side
+    best = {c["grid_best"] for c in chosen.values()}
+    lo_steps = round(math.log(declared[0] / lrs[0]) / math.log(step))
+    hi_steps = round(math.log(lrs[-1] / declared[-1]) / math.log(step))
     out = list(lrs)
-    if lrs[0] in best and lo_steps < MAX_WIDEN:
-        out.insert(0, lrs[0] / 2)
-    if lrs[-1] in best and hi_steps < MAX_WIDEN:
-        out.append(lrs[-1] * 2)
+    if lrs[0] in best and lo_steps < limit:
+        out.insert(0, lrs[0] / step)
+    if lrs[-1] in best and hi_steps < limit:
+        out.append(lrs[-1] * step)
     return out
 
 
 def study(ladder_path: str | Path | None, names: list[str] | None, out: Path, jobs: int,
-          force: bool = False, dry_run: bool = False) -> int:
-    import os
-
+          force: bool = False, dry_run: bool = False, threads: int = 1) -> int:
     import torch
 
     from nlq.experiments.study_report import build_study_report
@@ -238,12 +287,11 @@ def study(ladder_path: str | Path | None, names: list[str] | None, out: Path, jo
     if unknown:
         raise NlqError(f"--rungs: unknown rung {unknown[0]!r} (the ladder has "
                        f"{', '.join(ladder.rungs)})")
-    for n in names:  # every rung's configs resolve, and none changed, before any training
+    for n in names:  # no rung changed, before any training (load_ladder resolved each config)
         r = ladder.rungs[n]
-        load_config(r.preset, r.sets)
         if (out / n / RUNG_FILE).is_file():
             check_rung(out / n, rung_record(ladder, r))
-    print_plan(ladder, names, out, jobs, os.cpu_count() or 1)
+    print_plan(ladder, names, out, jobs, threads)
     if dry_run:
         return 0
     rc = 0
@@ -254,7 +302,7 @@ def study(ladder_path: str | Path | None, names: list[str] | None, out: Path, jo
                   f"{n}` on a GPU machine, or add --force", file=sys.stderr)
             continue
         print(f"study: rung {n}: {r.description}", file=sys.stderr)
-        rc = run_rung(ladder, r, out / n, jobs) or rc
+        rc = run_rung(ladder, r, out / n, jobs, threads) or rc
         build_study_report(ladder, out)  # after every rung: a study stopped later shows it
     build_study_report(ladder, out)
     return rc

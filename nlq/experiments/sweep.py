@@ -1,12 +1,25 @@
 """`nlq sweep`: tune every arm's lr alike, on val, before the seed runs.
 
-Every arm trains at every lr of one grid (x2 steps, at least 3 values) for the same seeds
-(seed k: init and data order, as in `nlq reproduce`), each run an ordinary `nlq train` run dir
-under OUT/runs/lr<lr>/<arm>/seed<k>/; min_lr keeps the preset's min_lr / lr ratio. Each arm's
-lr is chosen on final VAL loss (mean over seeds; the test split is never looked at), and
-written with the commit that chose it to OUT/sweep.json, with the loss-vs-lr figure
-OUT/sweep.png. `nlq reproduce --lrs-from OUT/sweep.json` then runs the seeds at those lrs, so
-the baseline gets exactly the tuning the variant gets.
+Every arm trains at every lr of one grid (constant x2 or x sqrt(2) steps, at least 3 values)
+for the same seeds, each run an ordinary `nlq train` run dir under
+OUT/runs/lr<lr>/<arm>/seed<k>/; min_lr keeps the preset's min_lr / lr ratio.
+
+The sweep's seeds are not the comparison's: seed index k means init seed train.seed + k and
+data order data.seed + k, as in `nlq reproduce`, whose seeds are 0..N-1; a sweep's are
+SEED_OFFSET + 0..n-1. The runs that choose the lrs therefore never reappear among the runs
+that are compared at those lrs (a choice evaluated on its own seeds is biased toward it).
+
+Each arm's lr is chosen on final VAL loss (the test split is never looked at) from the mean
+over seeds: a quadratic in log(lr) is fitted to the grid points within x2 of the lowest one
+(at least 3), and its vertex is chosen when the parabola is convex and the vertex lies inside
+the points fitted; otherwise the lowest grid point is. A 2-seed argmin over a x2 grid picked
+lrs on gaps of 0.01 nats that the seeds disagreed on (docs/experiments.md, 2026-12-04); the
+fit uses the neighbours' losses too. Besides the choice, sweep.json holds the paired
+difference of every arm vs the baseline at each lr of the grid (the same lr for both), so a
+reader sees whether a gap depends on the lrs chosen. Written with the commit that chose it to
+OUT/sweep.json, with the loss-vs-lr figure OUT/sweep.png. `nlq reproduce --lrs-from
+OUT/sweep.json` then runs the seeds at those lrs, so the baseline gets exactly the tuning the
+variant gets.
 """
 
 from __future__ import annotations
@@ -26,19 +39,36 @@ from nlq.fsutil import write_atomic
 from nlq.train.rundir import read_summary
 
 PLAN_FILE, RESULT_FILE, FIGURE_FILE = "sweep-plan.json", "sweep.json", "sweep.png"
+SEED_OFFSET = 1000  # a sweep's seed indices start here: reproduce's seeds 0..N-1 stay unseen
+STEPS = {"x2": 2.0, "x sqrt(2)": math.sqrt(2.0)}  # the grid steps a sweep accepts
+STEP_TOL = 1e-3  # relative: 1.414e-2 after 1e-2 is a x sqrt(2) step as typed
+LR_CHOICE = "vertex of a quadratic in log(lr) fitted within x2 of the lowest mean"
 
 
-def check_grid(lrs: list[float]) -> list[float]:
-    """At least 3 finite positive values, increasing by x2 steps (within 1e-6)."""
+def check_grid(lrs: list[float], key: str = "--lrs") -> list[float]:
+    """At least 3 finite positive values rising in one constant step, x2 or x sqrt(2)."""
     for v in lrs:
-        if not (math.isfinite(v) and v > 0):
-            raise NlqError(f"--lrs: {v!r} is not a positive finite learning rate")
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not (
+                math.isfinite(v) and v > 0):
+            raise NlqError(f"{key}: {v!r} is not a positive finite learning rate")
     if len(lrs) < 3:
-        raise NlqError(f"--lrs needs at least 3 values (x2 steps), got {len(lrs)}")
+        raise NlqError(f"{key} needs at least 3 values (x2 or x sqrt(2) steps), got {len(lrs)}")
+    step = grid_step(lrs[:2], key)
     for a, b in itertools.pairwise(lrs):
-        if abs(b / a - 2.0) > 2e-6:
-            raise NlqError(f"--lrs must rise in x2 steps: {b!r} after {a!r} is x{b / a:.4g}")
+        if abs(b / a / step - 1.0) > STEP_TOL:
+            raise NlqError(f"{key} must rise in one constant step, x2 or x sqrt(2): {b!r} after "
+                           f"{a!r} is x{b / a:.4g}, the first step x{step:.4g}")
     return lrs
+
+
+def grid_step(lrs: list[float], key: str = "--lrs") -> float:
+    """The exact step (2 or sqrt(2)) of a grid whose first two values are that step apart."""
+    r = lrs[1] / lrs[0]
+    for step in STEPS.values():
+        if abs(r / step - 1.0) <= STEP_TOL:
+            return step
+    raise NlqError(f"{key} must rise in one constant step, x2 or x sqrt(2): {lrs[1]!r} after "
+                   f"{lrs[0]!r} is x{r:.4g}")
 
 
 def lr_tag(lr: float) -> str:
@@ -46,24 +76,30 @@ def lr_tag(lr: float) -> str:
 
 
 def sweep_plan(experiment: str, preset: str, arms: list[str] | None, lrs: list[float],
-               seeds: int, out: Path, sets: dict | None) -> tuple[list[RunSpec], dict]:
+               seeds: int, out: Path, sets: dict | None,
+               threads: int = 1) -> tuple[list[RunSpec], dict]:
     check_grid(lrs)
     if seeds < 2:
         raise NlqError(f"--seeds must be >= 2 for a sweep (the choice averages over seeds), "
                        f"got {seeds}")
     exp = load_experiment(experiment)
-    base = plan(exp, preset, seeds, arms, out, sets)
+    base = plan(exp, preset, seeds, arms, out, sets, threads)
     specs = []
     for lr in lrs:
         for s in base:
+            k = SEED_OFFSET + s.seed_index
             ratio = s.cfg.train.min_lr / s.cfg.train.lr
             # the test split is never looked at while choosing: not even computed
             cfg = s.cfg.replace(**{"train.lr": lr, "train.min_lr": lr * ratio,
-                                   "train.test_eval": False})
-            specs.append(replace(s, cfg=cfg, tag=f"{lr_tag(lr)}-",
-                                 run_dir=out / "runs" / lr_tag(lr) / s.arm / f"seed{s.seed_index}"))
+                                   "train.test_eval": False,
+                                   "train.seed": s.cfg.train.seed + SEED_OFFSET,
+                                   "data.seed": s.cfg.data.seed + SEED_OFFSET})
+            specs.append(replace(s, cfg=cfg, seed_index=k, tag=f"{lr_tag(lr)}-",
+                                 run_dir=out / "runs" / lr_tag(lr) / s.arm / f"seed{k}"))
     meta = {"experiment": exp.name, "preset": preset, "arms": sorted({s.arm for s in base}),
-            "grid": lrs, "seeds": seeds, "sets": {k: sets[k] for k in sorted(sets or {})}}
+            "grid": lrs, "seeds": seeds, "seed_indices": [SEED_OFFSET + k for k in range(seeds)],
+            "lr_choice": LR_CHOICE, "baseline": exp.baseline,
+            "sets": {k: sets[k] for k in sorted(sets or {})}, "threads": threads}
     return specs, meta
 
 
@@ -82,9 +118,36 @@ def source_commit() -> tuple[str | None, bool | None]:
         return None, None
 
 
+def fit_lr(lrs: list[float], means: list[float]) -> dict:
+    """The lr at the minimum of the seed-mean val loss over an increasing grid: a least-squares
+    quadratic loss = a x^2 + b x + c in x = ln(lr), fitted to the grid points within x2 of the
+    lowest mean (3 on a x2 grid, 5 on a x sqrt(2) one; at least 3, moved inward at an edge).
+    Its vertex is the choice when a > 0 and the vertex lies within the fitted points; else
+    the lowest grid point. The lr is rounded to 3 significant digits: far finer than a fit
+    over a few seeds resolves, and its last bits would depend on the LAPACK that fitted it."""
+    import numpy as np
+
+    n = len(lrs)
+    i = min(range(n), key=lambda j: (means[j], lrs[j]))
+    w = round(math.log(2.0) / math.log(grid_step(lrs)))  # grid points per x2
+    lo, hi = max(0, i - w), min(n - 1, i + w)
+    # at an edge that leaves 2 points on a x2 grid: widen inward to 3
+    lo, hi = min(lo, max(0, hi - 2)), max(hi, min(n - 1, lo + 2))
+    xs = [math.log(v) for v in lrs[lo:hi + 1]]
+    a, b, c = (float(v) for v in np.polyfit(xs, means[lo:hi + 1], 2))
+    x_v = -b / (2 * a) if a > 0 else None
+    used = x_v is not None and xs[0] <= x_v <= xs[-1]
+    return {"lrs": lrs[lo:hi + 1], "coef": [a, b, c],
+            "vertex_lr": math.exp(x_v) if x_v is not None else None,
+            "vertex_loss": c - b * b / (4 * a) if x_v is not None else None,
+            "used": used, "grid_best": lrs[i], "grid_best_loss": means[i],
+            "lr": float(f"{math.exp(x_v):.3g}") if used else lrs[i]}
+
+
 def choose(specs: list[RunSpec], meta: dict) -> dict:
-    """sweep.json's content from the finished runs: final val loss per arm, lr and seed."""
-    results: dict[str, dict[str, list[float]]] = {}
+    """sweep.json's content from the finished runs: final val loss per arm, lr and seed; each
+    arm's lr (fit_lr); each arm vs the baseline at every lr of the grid (matched)."""
+    by_seed: dict[str, dict[str, dict[int, float]]] = {}
     for s in specs:
         summary, why = read_summary(s.run_dir)
         loss = summary.get("val_loss") if summary else None
@@ -92,23 +155,46 @@ def choose(specs: list[RunSpec], meta: dict) -> dict:
             raise NlqError(f"{s.run_dir / 'summary.json'} "
                            f"{why or f'has no numeric val_loss (val_loss = {loss!r})'}: no lr "
                            f"is chosen from it; remove {s.run_dir} to train it again")
-        results.setdefault(s.arm, {}).setdefault(repr(s.cfg.train.lr), []).append(loss)
-    chosen, edge = {}, {}
+        by_seed.setdefault(s.arm, {}).setdefault(repr(s.cfg.train.lr), {})[s.seed_index] = loss
+    # results[arm][lr]: the losses in the order of meta["seed_indices"]
+    results = {arm: {lr: [v[k] for k in sorted(v)] for lr, v in by_lr.items()}
+               for arm, by_lr in by_seed.items()}
+    chosen, edge, fits = {}, {}, {}
     for arm, by_lr in results.items():
-        means = {float(lr): sum(v) / len(v) for lr, v in by_lr.items()}
-        best = min(means, key=lambda lr: (means[lr], lr))
-        chosen[arm] = {"lr": best, "val_loss": means[best]}
-        edge[arm] = best in (min(means), max(means))
+        lrs = sorted(float(lr) for lr in by_lr)
+        means = [sum(by_lr[repr(lr)]) / len(by_lr[repr(lr)]) for lr in lrs]
+        fit = fit_lr(lrs, means)
+        fits[arm] = fit
+        chosen[arm] = {"lr": fit["lr"], "by": "fit" if fit["used"] else "grid",
+                       "val_loss": fit["vertex_loss"] if fit["used"] else fit["grid_best_loss"]}
+        edge[arm] = fit["grid_best"] in (lrs[0], lrs[-1])
     sha, dirty = source_commit()
     return {**meta, "commit": sha, "dirty": dirty, "metric": "val_loss",
-            "results": results, "chosen": chosen, "edge": edge}
+            "results": results, "chosen": chosen, "edge": edge, "fit": fits,
+            "matched": matched(by_seed, meta["baseline"])}
+
+
+def matched(by_seed: dict, baseline: str) -> dict:
+    """matched[arm][lr]: the arm vs the baseline, both at that lr: the paired difference of
+    final val log-loss in % of the baseline's, over the sweep's seeds, with its paired 95%
+    t-interval (nlq/eval/stats.py, as the report computes it on test)."""
+    from nlq.eval.stats import paired
+
+    out: dict[str, dict[str, dict]] = {}
+    for arm, by_lr in by_seed.items():
+        if arm == baseline:
+            continue
+        for lr, losses in by_lr.items():
+            e = paired(losses, by_seed[baseline][lr]).log_loss()
+            out.setdefault(arm, {})[lr] = {"mean_pct": e.mean, "lo": e.lo, "hi": e.hi, "n": e.n}
+    return out
 
 
 def sweep(experiment: str, preset: str, arms: list[str] | None, lrs: list[float], seeds: int,
-          out: Path, jobs: int, sets: dict | None = None) -> int:
+          out: Path, jobs: int, sets: dict | None = None, threads: int = 1) -> int:
     from nlq.experiments.sweep_figure import draw_sweep
 
-    specs, meta = sweep_plan(experiment, preset, arms, lrs, seeds, out, sets)
+    specs, meta = sweep_plan(experiment, preset, arms, lrs, seeds, out, sets, threads)
     plan_path = out / PLAN_FILE
     if plan_path.is_file():
         # another grid or other arms are allowed (widening reuses every finished run: each
@@ -147,16 +233,27 @@ def sweep(experiment: str, preset: str, arms: list[str] | None, lrs: list[float]
 
 def print_sweep(result: dict, out: Path) -> None:
     grid = result["grid"]
-    print(f"sweep: final val loss, mean over {result['seeds']} seeds "
-          f"({result['preset']} preset, commit {(result['commit'] or 'unknown')[:10]}"
-          f"{', dirty' if result['dirty'] else ''})")
+    print(f"sweep: final val loss, mean over {result['seeds']} seeds (indices "
+          f"{result['seed_indices'][0]}..{result['seed_indices'][-1]}: none of them a seed of "
+          f"`nlq reproduce`; {result['preset']} preset, commit "
+          f"{(result['commit'] or 'unknown')[:10]}{', dirty' if result['dirty'] else ''})")
     print("| arm | " + " | ".join(f"lr {lr:.3g}" for lr in grid) + " | chosen |")
     print("|---|" + "---|" * (len(grid) + 1))
     for arm, by_lr in result["results"].items():
         cells = [sum(by_lr[repr(lr)]) / len(by_lr[repr(lr)]) for lr in grid]
         c = result["chosen"][arm]
+        how = "fit" if c["by"] == "fit" else "lowest grid point"
         flag = " (edge of the grid: widen it)" if result["edge"][arm] else ""
         print(f"| {arm} | " + " | ".join(f"{v:.4f}" for v in cells) +
-              f" | {c['lr']:.3g}{flag} |")
+              f" | {c['lr']:.3g} ({how}){flag} |")
+    base = result["baseline"]
+    # the grid lr nearest the baseline's choice: both arms at the same lr, so the gap there
+    # does not depend on which lr each arm was given
+    at = min(grid, key=lambda lr: abs(math.log(lr / result["chosen"][base]["lr"])))
+    for arm, by_lr in result["matched"].items():
+        m = by_lr[repr(at)]
+        ci = f" [{m['lo']:+.2f}, {m['hi']:+.2f}]" if m["lo"] is not None else ""
+        print(f"at lr {at:.3g} for both (nearest {base}'s choice): {arm} vs {base} "
+              f"{m['mean_pct']:+.2f}%{ci} val log-loss, paired over {m['n']} seeds")
     print(f"wrote {out / RESULT_FILE}, {out / FIGURE_FILE}; use them with "
           f"`nlq reproduce --lrs-from {out / RESULT_FILE}`")

@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from nlq.config import ModelConfig, model_config_from_dict
 from nlq.errors import NlqError
 from nlq.extras import need
+from nlq.model.config import LEGACY_KEYS, upgrade
 from nlq.model.transformer import Transformer, prefix_lm_mask, rope_cache
 
 transformers = need("transformers", "model_type nlq (nlq.hf.auto)")
@@ -41,6 +42,8 @@ class NlqConfig(transformers.PretrainedConfig):
         "max_position_embeddings": "block_size"}
 
     def __init__(self, **kwargs):
+        if any(k in kwargs for k in LEGACY_KEYS):  # a folder written before query_args held
+            kwargs = upgrade(kwargs)  # the nonlinear query's settings: the same model
         for name in FIELDS:
             value = kwargs.pop(name, DEFAULTS[name])
             setattr(self, name, dict(value) if isinstance(value, dict) else value)  # plain JSON

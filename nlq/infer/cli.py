@@ -6,9 +6,20 @@ import sys
 from pathlib import Path
 
 
+def add_step_argument(p) -> None:
+    p.add_argument("--step", type=int, default=None, metavar="N",
+                   help="the run's checkpoint of step N (default: its newest, which must "
+                        "verify: an older one is never used in its place)")
+
+
+def step_text(step: int | None) -> str:
+    return "step unknown (a saved model folder)" if step is None else f"step {step}"
+
+
 def add_sample_arguments(p) -> None:
     p.add_argument("model", metavar="RUN_DIR|CKPT",
                    help="a run dir, a checkpoint dir (RUN/ckpt/step_N) or a saved model folder")
+    add_step_argument(p)
     p.add_argument("--prompt", default="", help="text to continue (default: none: the model "
                    "starts after an end-of-text token)")
     p.add_argument("--max-new-tokens", type=int, default=200, help="tokens to add (default 200)")
@@ -29,7 +40,7 @@ def run_sample(args) -> int:
     import torch
 
     from nlq.errors import NlqError
-    from nlq.infer.load import check_vocab, load_model, load_tokenizer
+    from nlq.infer.load import check_vocab, load_tokenizer, load_trained
     from nlq.model.generate import check_sampling
 
     check_sampling(args.temperature, args.top_k, args.top_p)  # before loading anything
@@ -40,13 +51,15 @@ def run_sample(args) -> int:
                        f"({args.prompt[e.start]!r}; check the terminal's encoding)") from None
     if args.max_new_tokens < 1 or args.num_samples < 1:
         raise NlqError("--max-new-tokens and --num-samples must be >= 1")
-    model, data = load_model(args.model)
-    data = Path(args.data) if args.data else data
+    got = load_trained(args.model, args.step)
+    model = got.model
+    data = Path(args.data) if args.data else got.data
     if data is None:
         raise NlqError(f"{args.model} does not say which data it trained on: give --data DIR "
                        f"(a prepared data dir with the model's tokenizer)")
     tok = load_tokenizer(data)
     check_vocab(model, tok, data)
+    print(f"nlq: sampling {got.source}, {step_text(got.step)}", file=sys.stderr)
     ids = tok.encode([args.prompt])[0].tolist() if args.prompt else []
     prompt = [tok.eot_id] + ids  # as in training, where documents follow an end-of-text
     idx = torch.tensor([prompt] * args.num_samples, dtype=torch.long)  # (N, T0)
@@ -66,6 +79,7 @@ def run_sample(args) -> int:
 def add_eval_arguments(p) -> None:
     p.add_argument("model", metavar="RUN_DIR|CKPT",
                    help="a run dir, a checkpoint dir (RUN/ckpt/step_N) or a saved model folder")
+    add_step_argument(p)
     p.add_argument("--data", default=None, metavar="DIR",
                    help="a prepared data dir with the model's tokenizer (default: the run's)")
     p.add_argument("--split", default="test", choices=("test", "val", "train"),
@@ -79,12 +93,13 @@ def run_eval(args) -> int:
 
     from nlq.infer.evaluate import eval_model
 
-    r = eval_model(args.model, args.data, args.split)
+    r = eval_model(args.model, args.data, args.split, step=args.step)
     if args.json:
         print(json.dumps(r))
         return 0
     lo, hi = r["ci95"]
     plo, phi = r["ppl_ci95"]
+    print(f"{r['checkpoint']}, {step_text(r['step'])}")
     print(f"{r['split']} split of {r['data']}: {r['docs']:,} documents, {r['tokens']:,} tokens")
     print(f"log-loss {r['log_loss']:.4f} nats/token [95% CI over documents {lo:.4f}, {hi:.4f}]")
     print(f"perplexity {r['ppl']:.3f} [{plo:.3f}, {phi:.3f}]")
@@ -94,34 +109,47 @@ def run_eval(args) -> int:
 def add_convert_arguments(p) -> None:
     p.add_argument("model", metavar="RUN_DIR|CKPT",
                    help="a run dir, a checkpoint dir or a saved model folder")
+    add_step_argument(p)
     p.add_argument("--to", default="gpt2", choices=("gpt2", "hf"),
                    help="the format: gpt2, transformers' GPT2LMHeadModel (a linear decoder "
                         "only); hf, model_type 'nlq' (any arm; load it after `import nlq.hf`)")
-    p.add_argument("--out", required=True, metavar="DIR", help="the folder written")
+    p.add_argument("--out", required=True, metavar="DIR",
+                   help="the folder written: new, empty, or one `nlq convert` wrote before "
+                        "(replaced whole); its nlq_convert.json names the source and step")
     p.add_argument("--data", default=None, metavar="DIR",
                    help="the data dir whose tokenizer goes with it (default: the run's)")
 
 
 def run_convert(args) -> int:
+    from nlq import __version__
     from nlq.hf.gpt2 import save_gpt2, save_tokenizer
-    from nlq.infer.load import load_model
+    from nlq.infer import convert
+    from nlq.infer.load import load_trained
 
-    model, data = load_model(args.model)
-    data = Path(args.data) if args.data else data
-    if args.to == "hf":
-        from nlq.hf.auto import save_hf
+    out = Path(args.out)
+    convert.check_out(out)  # before loading anything
+    got = load_trained(args.model, args.step)
+    model = got.model
+    data = Path(args.data) if args.data else got.data
+    with_tok = data is not None and (data / "meta.json").is_file()
 
-        save_hf(model, args.out)
-    else:
-        save_gpt2(model, args.out)
-    what = "model"
-    if data is not None and (data / "meta.json").is_file():
-        save_tokenizer(data, args.out)
-        what = "model and tokenizer"
+    def fill(folder: Path) -> None:
+        if args.to == "hf":
+            from nlq.hf.auto import save_hf
+
+            save_hf(model, folder)
+        else:
+            save_gpt2(model, folder)
+        if with_tok:
+            save_tokenizer(data, folder)
+
+    convert.write(out, fill, {"format": args.to, "source": str(got.source.resolve()),
+                              "step": got.step, "nlq_version": __version__})
+    what = "model and tokenizer" if with_tok else "model"
     auto = "AutoModelForMaskedLM" if model.cfg.arch == "encoder" else "AutoModelForCausalLM"
     kind, first = ("an nlq", "after `import nlq.hf`, ") if args.to == "hf" else ("a GPT-2", "")
-    print(f"wrote {args.out}: {kind} {what}; {first}transformers.{auto}."
-          f"from_pretrained({str(args.out)!r}) loads it")
+    print(f"wrote {out}: {kind} {what} of {got.source}, {step_text(got.step)}; "
+          f"{first}transformers.{auto}.from_pretrained({str(out)!r}) loads it")
     return 0
 
 

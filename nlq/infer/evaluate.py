@@ -15,7 +15,7 @@ import torch
 
 from nlq.config import Config, from_dict
 from nlq.errors import NlqError
-from nlq.infer.load import load_model, run_config, same_tokenizer
+from nlq.infer.load import load_trained, run_config, same_tokenizer
 from nlq.train.batches import Batches
 from nlq.train.dist import World
 from nlq.train.evaluate import evaluate_test
@@ -24,8 +24,11 @@ BOOTSTRAP_REPS = 2000
 
 
 def eval_model(path: str | Path, data: str | Path | None = None, split: str = "test",
-               seed: int = 0) -> dict:
-    model, run_data = load_model(path)
+               seed: int = 0, step: int | None = None) -> dict:
+    """The scores, with the checkpoint (or folder) and step they are of: the run's newest
+    checkpoint, or `step`."""
+    got = load_trained(path, step)
+    model, run_data = got.model, got.data
     cfg = run_config(path)
     if data is None and run_data is None:
         raise NlqError(f"{path} does not say which data it trained on: give --data DIR")
@@ -48,7 +51,8 @@ def eval_model(path: str | Path, data: str | Path | None = None, split: str = "t
     picks = rng.integers(0, len(nats), (BOOTSTRAP_REPS, len(nats)))  # (reps, docs)
     boot = nats[picks].sum(1) / np.maximum(tokens[picks].sum(1), 1)
     lo, hi = (float(v) for v in np.percentile(boot, [2.5, 97.5]))
-    return {"model": str(path), "data": str(data), "split": split, "log_loss": loss,
+    return {"model": str(path), "checkpoint": str(got.source), "step": got.step,
+            "data": str(data), "split": split, "log_loss": loss,
             "ci95": [lo, hi], "ppl": math.exp(min(loss, 700.0)),
             "ppl_ci95": [math.exp(min(lo, 700.0)), math.exp(min(hi, 700.0))],
             "tokens": int(tokens.sum()), "docs": len(nats), "bootstrap_reps": BOOTSTRAP_REPS,

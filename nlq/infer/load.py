@@ -1,65 +1,97 @@
 """A trained model and its tokenizer, from what nlq writes.
 
-A model comes from a run dir (its newest checkpoint that verifies), a checkpoint step dir
-(RUN/ckpt/step_N) or a `save_pretrained` folder (config.json + model.safetensors). Its
-tokenizer comes from the data dir the run trained on (meta.json names it; a trained bpe:N is
-that dir's tokenizer.json), or from a data dir given explicitly."""
+A model comes from a run dir (its newest checkpoint, or the step asked for; one that fails
+to verify is an error), a checkpoint step dir (RUN/ckpt/step_N) or a `save_pretrained` folder
+(config.json + model.safetensors; `nlq convert` records the step there). Its tokenizer comes
+from the data dir the run trained on (meta.json names it; a trained bpe:N is that dir's
+tokenizer.json), or from a data dir given explicitly."""
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
+from safetensors import SafetensorError
 from safetensors.torch import load_file
 
 from nlq.config import load_config, model_config_from_dict
 from nlq.data.tokenizers import Tokenizer, load
 from nlq.errors import NlqError
-from nlq.model.transformer import Transformer
-from nlq.train.checkpoint import any_saved, load_latest, verify
+from nlq.infer.convert import converted_step
+from nlq.model import Transformer, apply_fast_paths
+from nlq.train.checkpoint import chosen, verify
 from nlq.train.memory import check_inference_fits
 
 
+@dataclass
+class Loaded:
+    model: Transformer  # in eval mode
+    data: Path | None  # the data dir its run trained on, None if unknown
+    step: int | None  # the training step of its weights, None if the folder does not say
+    source: Path  # the checkpoint dir or saved folder the weights were read from
+
+
 def load_model(path: str | Path) -> tuple[Transformer, Path | None]:
-    """(the model in eval mode, the data dir its run trained on or None if unknown). Before
+    """(the model in eval mode, the data dir its run trained on or None if unknown)."""
+    got = load_trained(path)
+    return got.model, got.data
+
+
+def load_trained(path: str | Path, step: int | None = None) -> Loaded:
+    """The model of a run dir (checkpoint `step`, default its newest: one that fails to verify
+    is an error, never replaced by an older one), a checkpoint dir or a saved folder. Before
     anything is read, the model's size is checked against the memory free (a config edited to
     a size this machine cannot hold is one line, not an allocator traceback)."""
     p = Path(path)
     if not p.exists():
         raise NlqError(f"{p} does not exist: give a run dir, a checkpoint dir or a saved model")
     if (p / "config.toml").is_file():  # a run dir
-        if not any_saved(p):
-            raise NlqError(f"{p} has no checkpoint yet: a run writes one every "
-                           f"train.ckpt_interval steps and at its end")
-        check_inference_fits(load_config(p / "config.toml").model, str(p))
-        ck = load_latest(p)
-        model = _from_state(ck.state["model_config"], ck.model)
-        return model, Path(load_config(p / "config.toml").data.dir)
+        cfg = load_config(p / "config.toml")
+        check_inference_fits(cfg.model, str(p))  # before hashing a checkpoint too large
+        ck, state = chosen(p, step)
+        return _from_checkpoint(ck, state, Path(cfg.data.dir))
     if (p / "state.json").is_file():  # a checkpoint step dir
         try:
             state = verify(p)
         except ValueError as e:
             raise NlqError(f"checkpoint {p}: {e}") from None
-        check_inference_fits(model_config_from_dict(state["model_config"]), str(p))
-        model = _from_state(state["model_config"], load_file(str(p / "model.safetensors")))
+        if step is not None and step != state["step"]:
+            raise NlqError(f"--step {step}: checkpoint {p} is of step {state['step']} (give "
+                           f"the run dir to choose a step)")
         run = p.parent.parent
         data = Path(load_config(run / "config.toml").data.dir) if (
             run / "config.toml").is_file() else None
-        return model, data
+        return _from_checkpoint(p, state, data)
     if (p / "config.json").is_file():
         try:
             raw = json.loads((p / "config.json").read_text())
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
             raise NlqError(f"{p / 'config.json'} is not readable JSON: {e}") from None
+        saved = converted_step(p)
+        if step is not None and step != saved:
+            raise NlqError(f"--step {step}: {p} is a saved model folder, of step "
+                           f"{'unknown' if saved is None else saved}; give the run dir to "
+                           f"choose a step")
         check_inference_fits(model_config_from_dict(raw), str(p))
-        return Transformer.from_pretrained(p).eval(), None
+        return Loaded(Transformer.from_pretrained(p).eval(), None, saved, p)
     raise NlqError(f"{p} is not a run dir (config.toml), a checkpoint dir (state.json) or a "
                    f"saved model (config.json)")
+
+
+def _from_checkpoint(d: Path, state: dict, data: Path | None) -> Loaded:
+    check_inference_fits(model_config_from_dict(state["model_config"]), str(d))
+    try:
+        weights = load_file(str(d / "model.safetensors"))
+    except SafetensorError as e:  # its sha256 matched: written so, not damaged since
+        raise NlqError(f"checkpoint {d}: model.safetensors is not readable ({e})") from None
+    return Loaded(_from_state(state["model_config"], weights), data, int(state["step"]), d)
 
 
 def _from_state(model_config: dict, weights: dict) -> Transformer:
     model = Transformer(model_config_from_dict(model_config), seed=0)
     model.load_weights(weights)
+    apply_fast_paths(model)  # the kernels training ran, so eval gives its numbers exactly
     return model.eval()
 
 

@@ -1,28 +1,20 @@
-"""The model: one transformer with a pluggable query (nlq.model.query.QUERIES).
+"""The model, the ground floor of nlq: one transformer with a pluggable query.
 
-The names below load on first use (PEP 562), so `import nlq.model.query` (which config
-validation does to read the registry) does not import the transformer and, through it,
-nlq.config.
+- config.py: ModelConfig (the [model] keys) and its checks;
+- layers.py, query.py: norms and activations by name; the query modules and their registry
+  (QUERIES, register_query, check_query);
+- transformer.py: attention, blocks, the Transformer (init, weights on disk);
+- loss.py, generate.py, params.py: the chunked loss, sampling, parameter counts;
+- kernels.py, fast.py: CPU kernels of the same math, applied from outside by
+  apply_fast_paths (the training set-up does).
+Nothing here imports the rest of nlq (config, data, train, eval, experiments, infer):
+tests/test_imports.py checks it.
 """
 
-from __future__ import annotations
+from nlq.model.config import ModelConfig
+from nlq.model.fast import apply_fast_paths
+from nlq.model.query import QUERIES, make_query, register_query
+from nlq.model.transformer import Attention, Block, Transformer, prefix_lm_mask
 
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from nlq.model.query import QUERIES, make_query
-    from nlq.model.transformer import Attention, Block, Transformer, prefix_lm_mask
-
-__all__ = ["QUERIES", "Attention", "Block", "Transformer", "make_query", "prefix_lm_mask"]
-
-
-def __getattr__(name: str):
-    if name in ("QUERIES", "make_query"):
-        from nlq.model import query
-
-        return getattr(query, name)
-    if name in ("Attention", "Block", "Transformer", "prefix_lm_mask"):
-        from nlq.model import transformer
-
-        return getattr(transformer, name)
-    raise AttributeError(f"module 'nlq.model' has no attribute {name!r}")
+__all__ = ["QUERIES", "Attention", "Block", "ModelConfig", "Transformer", "apply_fast_paths",
+           "make_query", "prefix_lm_mask", "register_query"]

@@ -1,43 +1,22 @@
 """Hand-written CPU autograd kernels: the same math as the plain modules, in fewer passes.
 
-Legend: N rows (B*T flattened), C = d_model, r = nl_rank.
+Legend: N rows (B*T flattened), C = d_model, r = the nonlinear query's rank.
 On CPU (torch 2.13) the nonlinear query's extra cost over a linear one is memory traffic, not
 FLOPs: elementwise passes over (N, C) and (N, r) tensors that autograd runs after the GEMMs
 have evicted them from cache, and F.rms_norm's unfused backward (benchmarks/RESULTS.md, the
 train_bench section on the CPU fast paths). These kernels compute the same values and
 gradients in fewer passes.
 
-Each kernel is used behind the module that owns the math (layers.RMSNorm,
-query.NonlinearQuery); that module's forward decides when the kernel applies and otherwise
-runs its plain path. Inside `with disabled():` every module takes its plain path: the tests
-compare the two (tests/test_fast_paths.py) and the benchmarks time both.
+Nothing in the model calls them: its modules (layers.RMSNorm, query.NonlinearQuery) are the
+plain math, and nlq/model/fast.py's apply_fast_paths swaps in the module subclasses that run
+these kernels where they apply. tests/test_fast_paths.py compares the two paths and the
+benchmarks time both.
 """
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
-
 import torch
 import torch.nn.functional as F
-
-_enabled = True  # a plain global, not a ContextVar: torch.compile guards on it
-
-
-def enabled() -> bool:
-    """Whether modules may take their CPU kernels (True unless inside `disabled()`)."""
-    return _enabled
-
-
-@contextlib.contextmanager
-def disabled() -> Iterator[None]:
-    """Every module takes its plain (reference) path inside this block."""
-    global _enabled
-    before, _enabled = _enabled, False
-    try:
-        yield
-    finally:
-        _enabled = before
 
 
 def rstd(x: torch.Tensor, eps: float) -> torch.Tensor:

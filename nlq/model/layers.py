@@ -1,8 +1,8 @@
-"""Norms and activations by name: the registries the config's choices are checked against.
+"""Norms and activations by name: the registries a query's string settings are checked against.
 
-NORMS maps a config string (model.nl_in_norm, model.nl_out_norm) to a builder
-(dim, bias, eps) -> nn.Module; ACTIVATIONS maps model.nl_act to a module factory. A new
-choice is a new entry here; config validation reads these dicts, so it needs no other edit.
+NORMS maps a name (the nonlinear query's in_norm, out_norm in [model.query_args]) to a
+builder (dim, bias, eps) -> nn.Module; ACTIVATIONS maps its act to a module factory. A new
+choice is a new entry here; NonlinearQuery reads these dicts, so it needs no other edit.
 """
 
 from __future__ import annotations
@@ -13,12 +13,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from nlq.model import kernels
-
 
 class RMSNorm(nn.Module):
-    """RMSNorm with a learnable gain (no bias): F.rms_norm, or on CPU the same math as
-    kernels.RMSNormCPU (F.rms_norm's CPU backward is several times slower)."""
+    """RMSNorm with a learnable gain (no bias): y = x / sqrt(mean(x^2) + eps) * weight.
+    Training on CPU swaps in a hand-written backward of the same math (nlq/model/fast.py)."""
 
     def __init__(self, dim: int, eps: float = 1e-5):
         super().__init__()
@@ -26,8 +24,6 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if kernels.enabled() and x.device.type == "cpu" and x.dtype == self.weight.dtype:
-            return kernels.RMSNormCPU.apply(x, self.weight, self.eps)
         return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
 
 

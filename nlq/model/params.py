@@ -12,7 +12,7 @@ import dataclasses
 
 import torch
 
-from nlq.config import ModelConfig
+from nlq.model.config import ModelConfig
 from nlq.model.transformer import Transformer
 
 

@@ -1,29 +1,37 @@
 """Query modules: the one swappable part of attention.
 
-Legend: B batch, T time, C = d_model, r = nl_rank.
+Legend: B batch, T time, C = d_model, r = the nonlinear query's rank.
 Each module maps the block's pre-attention normalised input x (B, T, C) to the query
 (B, T, C) and exposes `scale_factor`, a constant the attention multiplies into its logit
 scale (1 except for the folded nonlinear query). Keys and values are not here: they are
 `attn.k_proj` / `attn.v_proj` in every variant, so their weights move between variants.
 A new variant is a new class registered in QUERIES: config validation (model.query) and
-the tests that loop over variants read the registry.
+the tests that loop over variants read the registry. Every variant, built-in or registered,
+takes its own settings one way: the keyword parameters of its __init__ after cfg are what
+[model.query_args] may set (check_query_args).
+
+forward is the plain math. On CPU, training swaps in hand-written kernels of the same math
+from outside (nlq/model/fast.py, apply_fast_paths); tests/test_fast_paths.py compares them.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import nn
 
-from nlq.errors import NlqError
-from nlq.model import kernels
-from nlq.model.layers import ACTIVATIONS, RMSNorm, make_norm
+from nlq.errors import NlqError, short
+from nlq.model.config import ModelConfig
+from nlq.model.layers import ACTIVATIONS, NORMS, make_norm
 
-if TYPE_CHECKING:  # the modules read cfg's fields; importing nlq.config here would be a cycle
-    from nlq.config import ModelConfig
+# [model] keys: a query takes them as keywords only to be built without a ModelConfig (e.g.
+# NonlinearQuery(d_model=64) in one's own attention); with one they come from [model], and
+# model.query_args may not set them.
+MODEL_KEYS = frozenset(f.name for f in dataclasses.fields(ModelConfig))
 
 
 def _plain(cls, cfg, d_model, bias) -> tuple[int, bool]:
@@ -83,28 +91,40 @@ class NonlinearQuery(nn.Module):
     "The nonlinear query").
 
     W1: C x r, W2: r x C with r = C/2 by default, so f has C^2 weights plus two norm gains.
-    The identity term anchors f to the known-good identity query. With nl_half = "fold"
-    forward returns X + f(X) and the 1/2 moves into the attention scale (scale_factor = 0.5),
-    as the official code does (scale 1/(2 sqrt(hs))); "explicit" returns (X + f(X)) / 2.
+    The identity term anchors f to the known-good identity query.
 
-    Built from a ModelConfig (inside nlq's attention) or from plain arguments, e.g.
-    NonlinearQuery(d_model=64) in one's own attention: then half defaults to "explicit", so
-    the module alone returns the paper's Q (no scale elsewhere to fold the 1/2 into).
+    Its settings ([model.query_args]; the defaults are the paper's):
+    - rank: r >= 1; None (absent) means d_model // 2;
+    - act: the activation inside f, a name in nlq.model.layers.ACTIVATIONS (gelu, the exact
+      erf form, as the paper);
+    - in_norm, out_norm: f's input and output norms, names in nlq.model.layers.NORMS (the
+      paper: rmsnorm in, layernorm out);
+    - half: where the 1/2 of (X + f(X))/2 goes. "fold": forward returns X + f(X) and the 1/2
+      moves into the attention scale (scale_factor = 0.5), as the official code does (scale
+      1/(2 sqrt(hs))); "explicit": forward returns (X + f(X)) / 2. The two give the same
+      attention unless qk_norm is on. None (absent) means "fold" inside nlq's attention
+      (built from a ModelConfig) and "explicit" alone, e.g. NonlinearQuery(d_model=64) in
+      one's own attention, which has no scale to fold the 1/2 into.
+    d_model, bias and norm_eps are [model] keys: given only to build it without a config.
     """
 
-    def __init__(self, cfg: ModelConfig | None = None, *, d_model: int | None = None,
-                 rank: int | None = None, bias: bool = False, act: str = "gelu",
-                 in_norm: str = "rmsnorm", out_norm: str = "layernorm", eps: float = 1e-5,
-                 half: str = "explicit"):
+    def __init__(self, cfg: ModelConfig | None = None, *, rank: int | None = None,
+                 act: str = "gelu", in_norm: str = "rmsnorm", out_norm: str = "layernorm",
+                 half: str | None = None, d_model: int | None = None, bias: bool = False,
+                 norm_eps: float = 1e-5):
         super().__init__()
         d_model, bias = _plain(type(self), cfg, d_model, bias)
-        if cfg is not None:
-            rank, act, half = cfg.rank, cfg.nl_act, cfg.nl_half
-            in_norm, out_norm, eps = cfg.nl_in_norm, cfg.nl_out_norm, cfg.norm_eps
-        rank = d_model // 2 if rank is None else int(rank)
-        if half not in ("fold", "explicit") or act not in ACTIVATIONS:
-            raise ValueError(f"NonlinearQuery: half must be fold or explicit and act one of "
-                             f"{', '.join(ACTIVATIONS)}; got {half!r}, {act!r}")
+        eps = cfg.norm_eps if cfg is not None else norm_eps
+        if half is None:
+            half = "fold" if cfg is not None else "explicit"
+        rank = d_model // 2 if rank is None else rank
+        if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
+            raise ValueError(f"rank = {short(rank)} must be an integer >= 1")
+        for name, value, allowed in (("act", act, ACTIVATIONS), ("in_norm", in_norm, NORMS),
+                                     ("out_norm", out_norm, NORMS),
+                                     ("half", half, ("fold", "explicit"))):
+            if value not in allowed:
+                raise ValueError(f"{name} = {short(value)} is not one of {', '.join(allowed)}")
         self.in_norm = make_norm(in_norm, d_model, bias, eps)
         self.w1 = nn.Linear(d_model, rank, bias=bias)
         self.act = ACTIVATIONS[act]()
@@ -120,23 +140,8 @@ class NonlinearQuery(nn.Module):
         h = self.w1(self.in_norm(x))  # (B, T, r)
         return self.out_norm(self.w2(self.act(h)))
 
-    def fused_cpu(self, x: torch.Tensor) -> bool:
-        """Whether forward takes kernels.NonlinearQueryCPU: the paper's f (RMSNorm in, GELU,
-        LayerNorm out, no biases) on CPU in fp32/fp64 without autocast, kernels enabled.
-        Everything else (GPU, autocast, biases, other norms or activations) runs f."""
-        return (kernels.enabled() and isinstance(self.in_norm, RMSNorm)
-                and isinstance(self.out_norm, nn.LayerNorm) and isinstance(self.act, nn.GELU)
-                and self.w1.bias is None and self.w2.bias is None
-                and x.device.type == "cpu" and not torch.is_autocast_enabled("cpu")
-                and x.dtype == self.w1.weight.dtype == self.in_norm.weight.dtype)
-
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.fused_cpu(x):
-            q = kernels.NonlinearQueryCPU.apply(
-                x, self.in_norm.weight, self.w1.weight, self.w2.weight, self.out_norm.weight,
-                self.out_norm.bias, self.in_norm.eps, self.out_norm.eps, self.act.approximate)
-        else:
-            q = x + self.f(x)
+        q = x + self.f(x)
         return 0.5 * q if self.explicit_half else q
 
 
@@ -146,10 +151,6 @@ QUERIES: dict[str, type[nn.Module]] = {
     "residual": ResidualQuery,
     "nonlinear": NonlinearQuery,
 }
-
-
-# their settings are [model] keys (nl_rank, nl_act, ...): they take no model.query_args
-BUILT_IN = (LinearQuery, IdentityQuery, ResidualQuery, NonlinearQuery)
 
 
 def register_query(name: str, cls: type[nn.Module], replace: bool = False) -> None:
@@ -167,32 +168,50 @@ def register_query(name: str, cls: type[nn.Module], replace: bool = False) -> No
     QUERIES[name] = cls
 
 
-def check_query_args(name: str, args: Mapping[str, Any]) -> None:
-    """An NlqError naming `model.query_args.<key>` unless QUERIES[name](cfg, **args) fits the
-    class's __init__: every key one of its keyword parameters after cfg (any key when it
-    takes **kwargs), every parameter without a default given. Checked when a config loads,
-    so a typo stops the run before it starts."""
-    cls = QUERIES[name]
-    if cls in BUILT_IN:
-        if args:
-            raise NlqError(f"config key 'model.query_args.{next(iter(args))}': the built-in "
-                           f"query {name!r} takes no query_args (they are a registered "
-                           f"variant's own settings; the built-in ones are [model] keys, "
-                           f"e.g. model.nl_rank)")
-        return
+def settings(cls: type) -> list[inspect.Parameter] | None:
+    """The settings a query class takes from [model.query_args]: the keyword parameters of its
+    __init__ after cfg that are no [model] key; None when it takes **kwargs (any name)."""
     params = list(inspect.signature(cls).parameters.values())[1:]  # after cfg
     if any(p.kind is p.VAR_KEYWORD for p in params):
-        return
-    named = [p for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+        return None
+    return [p for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+            and p.name not in MODEL_KEYS]
+
+
+def check_query_args(name: str, args: Mapping[str, Any]) -> None:
+    """An NlqError naming `model.query` unless name is registered, or `model.query_args.<key>`
+    unless QUERIES[name](cfg, **args) fits the class's __init__: every key one of its settings (any key when it takes **kwargs), every
+    setting without a default given. Checked when a config loads, so a typo stops the run
+    before it starts."""
+    if name not in QUERIES:
+        raise NlqError(f"config key 'model.query' = {short(name)} is not one of "
+                       f"{', '.join(QUERIES)}")
+    cls = QUERIES[name]
+    named = settings(cls)
     for key in args:
-        if key not in {p.name for p in named}:
+        if key in MODEL_KEYS:
+            raise NlqError(f"config key 'model.query_args.{key}': {key} is a [model] key; set "
+                           f"model.{key}")
+        if named is not None and key not in {p.name for p in named}:
             raise NlqError(f"config key 'model.query_args.{key}' is not a setting of query "
                            f"{name!r} ({cls.__name__} takes: "
                            f"{', '.join(p.name for p in named) or 'none'})")
-    for p in named:
+    for p in named or ():
         if p.default is p.empty and p.name not in args:
             raise NlqError(f"query {name!r} needs config key 'model.query_args.{p.name}' "
                            f"({cls.__name__}'s {p.name} has no default)")
+
+
+def check_query(cfg: ModelConfig) -> None:
+    """model.query is a registered name and model.query_args are settings it takes, with
+    values it accepts: the module is built on the meta device (no memory, no init), and the
+    ValueError or TypeError of a value it refuses becomes an NlqError naming the key."""
+    check_query_args(cfg.query, cfg.query_args)
+    try:
+        with torch.device("meta"):
+            QUERIES[cfg.query](cfg, **cfg.query_args)
+    except (ValueError, TypeError) as e:
+        raise NlqError(f"config key 'model.query_args' of query {cfg.query!r}: {e}") from None
 
 
 def make_query(cfg: ModelConfig) -> nn.Module:

@@ -18,8 +18,8 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from nlq.config import ModelConfig, model_config_from_dict
 from nlq.errors import NlqError
+from nlq.model.config import ModelConfig, read_model_config
 from nlq.model.layers import RMSNorm
 from nlq.model.loss import linear_cross_entropy
 from nlq.model.query import make_query
@@ -284,7 +284,7 @@ class Transformer(nn.Module):
         except FileNotFoundError:
             raise NlqError(f"no config.json in {path}") from None
         raw.update(overrides)
-        cfg = model_config_from_dict(raw)
+        cfg = read_model_config(raw)  # old nl_* keys read as query_args
         model = cls(cfg)
         model.load_weights(load_file(str(path / "model.safetensors")), strict=not overrides)
         return model

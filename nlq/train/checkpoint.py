@@ -198,6 +198,48 @@ def load_latest(run_dir: Path) -> Checkpoint:
     raise NlqError(f"no valid checkpoint in {root}: " + "; ".join(problems))
 
 
+def step_dirs(run_dir: Path) -> dict[int, Path]:
+    """Every completed checkpoint dir of run_dir by its step (verified or not), oldest first."""
+    root = run_dir / "ckpt"
+    found = {}
+    for d in root.glob("step_*") if root.is_dir() else []:
+        digits = d.name.removeprefix("step_")
+        if digits.isdigit():
+            found[int(digits)] = d
+    return dict(sorted(found.items()))
+
+
+def chosen(run_dir: Path, step: int | None = None) -> tuple[Path, dict]:
+    """(checkpoint dir, its verified state.json) of `step`, or of the newest step when None.
+    What a model is read for (eval, sample, convert): unlike load_latest, which resume uses,
+    it never puts an older checkpoint in place of a corrupt one, since a score or a folder
+    would then silently belong to another step than the run's; the error lists the steps
+    that verify, to choose one with --step."""
+    dirs = step_dirs(run_dir)
+    if not dirs:
+        raise NlqError(f"{run_dir} has no checkpoint yet: a run writes one every "
+                       f"train.ckpt_interval steps and at its end")
+    if step is not None and step not in dirs:
+        raise NlqError(f"{run_dir} has no checkpoint of step {step}: --step takes one of "
+                       f"{', '.join(map(str, dirs))}")
+    d = dirs[max(dirs) if step is None else step]
+    try:
+        return d, verify(d)
+    except ValueError as e:
+        why = str(e)
+    good = []
+    for s, other in dirs.items():
+        try:
+            verify(other)
+            good.append(str(s))
+        except ValueError:
+            continue
+    which = "the newest checkpoint" if step is None else "checkpoint"
+    hint = (f"choose another with --step ({', '.join(good)} verify)" if good else
+            "no checkpoint of this run verifies")
+    raise NlqError(f"{which} {d} fails to verify: {why}; {hint}")
+
+
 # The files of a data dir (`nlq prepare`) that a run reads.
 DATA_FILES = ("meta.json", "train.bin", "val.bin", "test.bin")
 

@@ -1,6 +1,7 @@
 """The validation loss of a run: a sum of nats over a sum of target tokens on the fixed val
 windows, all-reduced over the ranks (so it is the same for every world size); and the test
-split's loss per document, once, at the end of a run."""
+split's loss, once, at the end of a run, per document and per fixed-length chunk of the
+test stream (the units the report's bootstrap resamples: nlq/eval/bootstrap.py)."""
 
 from __future__ import annotations
 
@@ -37,14 +38,23 @@ def evaluate(wrapped: torch.nn.Module, batches: Batches, world: dist.World,
 @torch.no_grad()
 def evaluate_test(wrapped: torch.nn.Module, batches: Batches, world: dist.World,
                   autocast: contextlib.AbstractContextManager, split: str = "test") -> dict:
-    """The whole test split, document by document: {"doc", "nats", "tokens"} per test
-    document (the sum of nats and the number of scored tokens), identical on every rank.
+    """The whole test split: {"doc", "nats", "tokens"} per test document (the sum of nats and
+    the number of scored tokens), and {"chunk_size", "chunk_nats", "chunk_tokens"} per chunk
+    of the test stream, identical on every rank.
 
     Each document is scored as the model reads documents in training, after an end-of-text
     token: [eot] + doc, cut into consecutive windows of T + 1 tokens (the last one shorter,
     padded with targets that carry no loss), so every token of the document, its closing
     end-of-text included, is predicted once with the context of its own window. Rank r runs
-    chunks r, r+W, ... of micro_batch windows; the per-document sums are all-reduced."""
+    batches r, r+W, ... of micro_batch windows; the sums are all-reduced.
+
+    The test stream is every scored token in the order scored (document by document, window
+    by window); chunk k holds its tokens k*T .. (k+1)*T - 1, T = block_size scored tokens
+    (the last chunk fewer). One document can hold much of a small test split (44% of the
+    `small` preset's: README, "What the main command measures"), so a bootstrap over
+    documents is dominated by it; chunks of equal size are not. The chunks' sums are the
+    documents' sums cut otherwise (tests/test_test_split.py); the test loss stays total nats
+    over total tokens of the documents."""
     wrapped.eval()
     docs = batches.data.docs(split)  # `nlq eval --split` scores another split the same way
     windows, owner = doc_windows(docs, batches.T, int(batches.data.meta["eot_id"]))
@@ -52,6 +62,9 @@ def evaluate_test(wrapped: torch.nn.Module, batches: Batches, world: dist.World,
     n_chunks = math.ceil(len(windows) / (B * W)) * W  # every rank runs as many forwards
     nats = torch.zeros(len(docs), dtype=torch.float64, device=dev)
     count = torch.zeros(len(docs), dtype=torch.float64, device=dev)
+    # per scored slot of every window (16 bytes a test token): the chunks are cut from these
+    slot_nats = torch.zeros(len(windows), batches.T, dtype=torch.float64, device=dev)
+    slot_scored = torch.zeros(len(windows), batches.T, dtype=torch.float64, device=dev)
     for c in range(world.rank, n_chunks, W):
         w = windows[c * B:(c + 1) * B]  # (b, T+1), b <= B; empty for a padding chunk
         if len(w) == 0:
@@ -63,11 +76,21 @@ def evaluate_test(wrapped: torch.nn.Module, batches: Batches, world: dist.World,
         if len(rows):
             nats.index_add_(0, rows, loss.double().sum(1))
             count.index_add_(0, rows, (y >= 0).sum(1).double())
-    dist.all_reduce_sum(nats, world)
-    dist.all_reduce_sum(count, world)
+            slot_nats[c * B:c * B + len(rows)] = loss.double()
+            slot_scored[c * B:c * B + len(rows)] = (y >= 0).double()
+    for t in (nats, count, slot_nats, slot_scored):
+        dist.all_reduce_sum(t, world)
     wrapped.train()
+    scored = slot_scored.flatten() > 0  # (N*T,) in stream order
+    which = torch.arange(int(scored.sum()), device=dev) // batches.T  # (scored,) its chunk
+    n_units = int(which[-1]) + 1 if len(which) else 0
+    chunk_nats = torch.zeros(n_units, dtype=torch.float64, device=dev).index_add_(
+        0, which, slot_nats.flatten()[scored])
+    chunk_tokens = torch.bincount(which, minlength=n_units)
     return {"doc": list(range(len(docs))), "nats": nats.tolist(),
-            "tokens": [int(n) for n in count.tolist()]}
+            "tokens": [int(n) for n in count.tolist()],
+            "chunk_size": batches.T, "chunk_nats": chunk_nats.tolist(),
+            "chunk_tokens": chunk_tokens.tolist()}
 
 
 def doc_windows(docs: list, T: int, eot: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -30,12 +30,13 @@ import numpy as np
 import torch
 
 from nlq import __version__
-from nlq.config import Config, config_from_toml
+from nlq.config import Config, config_from_toml, model_config_from_dict
 from nlq.errors import NlqError, os_error_text
 from nlq.extras import need
 from nlq.fsutil import write_atomic
-from nlq.model import Transformer
+from nlq.model import Transformer, apply_fast_paths
 from nlq.model.params import flops_per_token
+from nlq.sysinfo import check_threads, machine_record
 from nlq.train import checkpoint, dist, faults, init_from, memory
 from nlq.train.batches import Batches
 from nlq.train.console import PlainLog, peak_memory_mb, progress_bar, stop_on_signals
@@ -121,6 +122,8 @@ def train(cfg: Config, run_dir: str | Path, resume: bool = False, progress: bool
     if summary is not None:
         print(f"nlq: {run_dir} already finished at step {summary['step']}", file=sys.stderr)
         return summary
+    if cfg.train.threads is not None:  # the run's summation order is part of its config
+        torch.set_num_threads(check_threads(cfg.train.threads, "train.threads"))
     world, device = dist.setup(cfg.train.device)
     files = RunDir(run_dir, world.main)
     failed = True
@@ -246,6 +249,7 @@ def set_up(cfg: Config, files: RunDir, world: dist.World, device: torch.device,
     t = cfg.train
     batches = Batches(cfg, world, device)
     model = Transformer(cfg.model, seed=t.seed)  # init keyed by (seed, name)
+    apply_fast_paths(model)  # CPU kernels of the same math (nlq/model/fast.py)
     if init is not None:
         init_from.apply(init, model, verbose=world.main)
     model = model.to(device)
@@ -283,7 +287,9 @@ def start(run: Run, resume: bool) -> tuple[Position, bool]:
                   f"step 0", file=sys.stderr)
     elif resume:
         ck = checkpoint.load_latest(run_dir)
-        if ck.state.get("model_config") != cfg.to_dict()["model"]:
+        saved = ck.state.get("model_config")
+        # read as a config (an old checkpoint's nl_* keys are query_args now), then compared
+        if not isinstance(saved, dict) or model_config_from_dict(saved) != cfg.model:
             raise NlqError(f"checkpoint {ck.path} was written for another model config than "
                            f"{run_dir / 'config.toml'}")
         if world.main:  # the config and the data it was trained on, unchanged
@@ -308,7 +314,8 @@ def start(run: Run, resume: bool) -> tuple[Position, bool]:
         if fresh:
             init = {"init_from": run.init} if run.init else {}
             run.files.log({"kind": "meta", "step": 0, **run.params, "nlq_version": __version__,
-                           "world_size": world.size, "device": str(run.device), **init})
+                           "world_size": world.size, "device": str(run.device),
+                           **machine_record(), **init})
     return pos, fresh
 
 
@@ -373,6 +380,9 @@ def finish(run: Run, pos: Position, val_loss: float, val_ppl: float) -> dict:
                "val_loss": val_loss, "val_ppl": val_ppl, **run.params,
                "elapsed_s": pos.elapsed, "tok_per_s": pos.tokens / max(pos.elapsed, 1e-9),
                "world_size": run.world.size, "warmup_steps": run.cfg.train.warmup,
+               # what summed its floats: the same config gives the same bits only on the
+               # same ISA at the same thread count (a resumed run: where it finished)
+               **machine_record(),
                "n_spikes": len(run.spikes.found), "spikes": run.spikes.found}
     if run.cfg.train.test_eval:
         docs = evaluate_test(run.wrapped, run.batches, run.world, run.autocast)

@@ -8,7 +8,7 @@ key making the estimate large. Nothing is built: the parameter count is closed-f
 n_layer (nlq/model/params.py).
 
 The estimate, in bytes. Legend: B = train.micro_batch, T = block_size, L = n_layer,
-C = d_model, H = the MLP width, kv = the K/V width, r = nl_rank, nh = n_head, V = vocab_size,
+C = d_model, H = the MLP width, kv = the K/V width, r = nonlinear rank, nh = n_head, V = vocab_size,
 P = parameters, a = bytes of an activation (4 in fp32, 2 under bf16 autocast).
 - state, 16 P: fp32 weights, gradients and AdamW's two moments (+2 P for autocast's bf16
   copies of the weights); under FSDP shared among the ranks;
@@ -52,8 +52,8 @@ from nlq.config import Config, ModelConfig, TrainConfig
 from nlq.errors import NlqError
 
 # the keys whose size drives the estimate, searched for the one to name
-MODEL_KEYS = ("vocab_size", "block_size", "n_layer", "n_head", "d_model", "mlp_hidden",
-              "nl_rank")
+MODEL_KEYS = ("vocab_size", "block_size", "n_layer", "n_head", "d_model", "mlp_hidden")
+RANK = "model.query_args.rank"  # the nonlinear query's r (nlq/model/query.py), d_model // 2
 TRAIN_KEYS = ("micro_batch", "eval_batches")
 
 
@@ -86,7 +86,8 @@ def estimate(cfg: Config, device: torch.device, shards: int = 1) -> Estimate:
     a = 2 if bf16 else 4
     state = (16 * P) // shards + (2 * P if bf16 else 0)
     per_layer = 6 * C + 2 * m.kv_heads * m.head_dim + 2 * m.mlp_width
-    per_layer += ((2 * C + 2 * m.rank if m.query == "nonlinear" else 0)
+    rank = m.query_args.get("rank", C // 2)  # the nonlinear query's r
+    per_layer += ((2 * C + 2 * rank if m.query == "nonlinear" else 0)
                   + (2 * C if m.qk_norm else 0) + (C if m.pos_emb == "rope" else 0)
                   + (2 * C if m.dropout > 0 else 0))
     # x 2: at its peak a step holds what autograd saved and as much again: the gradients in
@@ -156,8 +157,12 @@ def gib(n: float) -> str:
 def _with(cfg: Config, key: str, value) -> Config:
     """cfg with key = value, and n_head / d_model kept whole multiples of each other (a
     smaller d_model stays a multiple of n_head; a smaller n_head a divisor of d_model)."""
-    sec, name = key.split(".")
     m = cfg.model
+    if key == RANK:  # a setting in the query_args table; None: absent, the default
+        args = {k: v for k, v in m.query_args.items() if k != "rank"}
+        args.update({} if value is None else {"rank": value})
+        return dataclasses.replace(cfg, model=dataclasses.replace(m, query_args=args))
+    sec, name = key.split(".")
     if key == "model.d_model":
         value = max(m.n_head, value // m.n_head * m.n_head)
     if key == "model.n_head":
@@ -174,8 +179,10 @@ def dominant_key(cfg: Config, device: torch.device, shards: int = 1) -> str:
     one whose halving would."""
     base = estimate(cfg, device, shards).total
     keys = [f"model.{k}" for k in MODEL_KEYS] + [f"train.{k}" for k in TRAIN_KEYS]
+    keys += [RANK] if cfg.model.query == "nonlinear" else []
     defaults = {**{f"model.{f.name}": f.default for f in dataclasses.fields(ModelConfig)},
-                **{f"train.{f.name}": f.default for f in dataclasses.fields(TrainConfig)}}
+                **{f"train.{f.name}": f.default for f in dataclasses.fields(TrainConfig)},
+                RANK: None}
 
     def shrink(key: str, value) -> float:
         return base / max(1, estimate(_with(cfg, key, value), device, shards).total)
@@ -187,11 +194,13 @@ def dominant_key(cfg: Config, device: torch.device, shards: int = 1) -> str:
     current = {**{f"model.{k}": getattr(cfg.model, k) for k in MODEL_KEYS},
                **{f"train.{k}": getattr(cfg.train, k) for k in TRAIN_KEYS}}
     current["model.mlp_hidden"] = cfg.model.mlp_width
-    current["model.nl_rank"] = cfg.model.rank
+    current[RANK] = cfg.model.query_args.get("rank", cfg.model.d_model // 2)
     return max(keys, key=lambda k: shrink(k, max(1, current[k] // 2)))
 
 
 def _value(cfg: Config, key: str):
+    if key == RANK:
+        return cfg.model.query_args.get("rank", cfg.model.d_model // 2)
     sec, name = key.split(".")
     return getattr(getattr(cfg, sec), name)
 

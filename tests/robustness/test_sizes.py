@@ -76,7 +76,7 @@ TOO_LARGE = {
     "model.vocab_size": ["model.vocab_size=2000000000"],
     "model.block_size": [f"model.block_size={2**30}"],
     "model.mlp_hidden": [f"model.mlp_hidden={BIG}"],
-    "model.nl_rank": ["model.query=nonlinear", f"model.nl_rank={BIG}"],
+    "model.query_args.rank": ["model.query=nonlinear", f"model.query_args.rank={BIG}"],
     "train.micro_batch": [f"train.micro_batch={BIG}"],
     "train.eval_batches": [f"train.eval_batches={BIG}"],
 }
@@ -226,7 +226,7 @@ RANGE_ERRORS = [
     (f"model.n_layer={2**31}", "model.n_layer"),
     ("train.max_steps=99999999999999999999", "train.max_steps"),
     ("train.warmup_steps=-1", "train.warmup_steps"),
-    ("model.nl_rank=0", "model.nl_rank"),
+    ("model.query_args.rank=0", "model.query_args"),
     (f"model.vocab_size={'9' * 5000}", "model.vocab_size"),  # more digits than int() takes
 ]
 

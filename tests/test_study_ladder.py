@@ -1,0 +1,77 @@
+"""A ladder's keys are checked when it is read: each bad value is one error naming its key,
+never a plan of negative runs or a failure hours into a study."""
+
+from __future__ import annotations
+
+import pytest
+from helpers import assert_user_error, nlq
+
+from nlq.errors import NlqError
+from nlq.experiments.study import load_ladder
+
+GOOD_TOP = {"experiment": '"paper"', "arms": '["linear", "nonlinear"]'}
+GOOD_RUNG = {"preset": '"tiny"', "lrs": "[1e-3, 2e-3, 4e-3]", "sweep_seeds": "4", "seeds": "8",
+             "device": '"cpu"', "set": '{ "train.max_steps" = 10 }', "description": '"a rung"'}
+
+
+def write_ladder(path, top=None, rung=None):
+    top, rung = {**GOOD_TOP, **(top or {})}, {**GOOD_RUNG, **(rung or {})}
+    lines = [f"{k} = {v}" for k, v in top.items()] + ["[rungs.A]"]
+    lines += [f"{k} = {v}" for k, v in rung.items()]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_a_good_ladder_and_the_shipped_one_load(tmp_path):
+    lad = load_ladder(write_ladder(tmp_path / "l.toml"))
+    r = lad.rungs["A"]
+    assert (r.seeds, r.sweep_seeds, r.lrs, r.sets) == (8, 4, [1e-3, 2e-3, 4e-3],
+                                                       {"train.max_steps": 10})
+    # x sqrt(2) grids are grids too
+    sqrt2 = load_ladder(write_ladder(tmp_path / "s.toml",
+                                     rung={"lrs": "[1e-2, 1.414e-2, 2e-2, 2.828e-2]"}))
+    assert len(sqrt2.rungs["A"].lrs) == 4
+    assert load_ladder().rungs  # nlq/experiments/ladder.toml
+
+
+@pytest.mark.parametrize("top, rung, match", [
+    # counts: integers >= 2
+    ({}, {"seeds": "-3"}, r"rungs\.A\.seeds must be an integer >= 2, got -3"),
+    ({}, {"seeds": "8.0"}, r"rungs\.A\.seeds must be an integer >= 2, got 8\.0"),
+    ({}, {"seeds": "true"}, r"rungs\.A\.seeds must be an integer >= 2, got True"),
+    ({}, {"sweep_seeds": "1"}, r"rungs\.A\.sweep_seeds must be an integer >= 2, got 1"),
+    # lrs: positive, finite, a grid of one constant step
+    ({}, {"lrs": "[1e-3, -2e-3, 4e-3]"}, r"rungs\.A\.lrs: -0\.002 is not a positive finite"),
+    ({}, {"lrs": "[1e-3, nan, 4e-3]"}, r"rungs\.A\.lrs: nan is not a positive finite"),
+    ({}, {"lrs": '[1e-3, "2e-3", 4e-3]'}, r"rungs\.A\.lrs: '2e-3' is not a positive finite"),
+    ({}, {"lrs": "[1e-3, 2e-3]"}, r"rungs\.A\.lrs needs at least 3 values"),
+    ({}, {"lrs": "[1e-3, 2e-3, 5e-3]"}, r"rungs\.A\.lrs must rise in one constant step"),
+    ({}, {"lrs": "1e-3"}, r"rungs\.A\.lrs must be a list"),
+    # device, preset, set, description
+    ({}, {"device": '"tpu"'}, r"rungs\.A\.device must be cpu or cuda, got 'tpu'"),
+    ({}, {"preset": '"huge"'}, r"rungs\.A\.preset: unknown preset 'huge'"),
+    ({}, {"set": '{ "model.nope" = 1 }'}, r"rungs\.A\.set: .*model\.nope"),
+    ({}, {"set": "3"}, r"rungs\.A\.set must be a table"),
+    ({}, {"description": "3"}, r"rungs\.A\.description must be a string"),
+    # the ladder's own keys
+    ({"arms": '["linear", "quadratic"]'}, {}, r"arms: unknown arm 'quadratic'"),
+    ({"arms": '"linear"'}, {}, r"arms must be a list of arm names"),
+    ({"experiment": '"nope"'}, {}, r"experiment: unknown experiment 'nope'"),
+])
+def test_each_bad_key_is_one_error_naming_it(tmp_path, top, rung, match):
+    with pytest.raises(NlqError, match=match):
+        load_ladder(write_ladder(tmp_path / "bad.toml", top, rung))
+
+
+def test_a_rung_that_is_not_a_table_is_named(tmp_path):
+    (tmp_path / "bad.toml").write_text('experiment = "paper"\n[rungs]\nA = 3\n')
+    with pytest.raises(NlqError, match=r"rungs\.A must be a table"):
+        load_ladder(tmp_path / "bad.toml")
+
+
+def test_study_refuses_a_bad_ladder_before_writing(tmp_path):
+    bad = write_ladder(tmp_path / "bad.toml", rung={"seeds": "-3"})
+    p = nlq("study", "--ladder", bad, "--out", tmp_path / "o", "--dry-run")
+    assert p.returncode == 2
+    assert_user_error(p, "rungs.A.seeds", "-3")
+    assert not (tmp_path / "o").exists()
