@@ -89,6 +89,21 @@ SHORT = {"train.max_steps": 8, "train.ckpt_interval": 2, "train.eval_interval": 
          "train.keep_checkpoints": 10, "model.dropout": 0.1}
 
 
+
+def make_bpe_data(d: Path) -> Path:
+    """make_data's token dir (vocab 300) whose meta.json names a real tiny trained BPE, so
+    sample and convert can decode; for the inference tests."""
+    from nlq.data.tokenizers import train_bpe
+
+    make_data(d, vocab_size=300)
+    texts = ["the quick brown fox jumps over the lazy dog. " * 3,
+             "a stitch in time saves nine; the early bird catches the worm. " * 3] * 20
+    train_bpe(texts, 300, d / "tokenizer.json")
+    meta = json.loads((d / "meta.json").read_text())
+    meta["tokenizer"] = "bpe:300"
+    (d / "meta.json").write_text(json.dumps(meta))
+    return d
+
 def tiny_config(data_dir: Path | str, **overrides) -> Config:
     """The tiny test config (about a second to train) with dotted overrides, e.g.
     tiny_config(d, **{"train.max_steps": 10})."""

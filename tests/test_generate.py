@@ -8,7 +8,7 @@ import random
 
 import pytest
 import torch
-from helpers import assert_user_error, make_data, nlq, ok, tiny_config
+from helpers import assert_user_error, make_bpe_data, make_data, nlq, ok, tiny_config
 from test_model_hf_parity import V, hf_model, ours_from_hf
 
 from nlq.config import ModelConfig
@@ -125,13 +125,7 @@ def test_bad_sampling_settings_and_encoders_are_refused():
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     """A finished tiny run on data whose meta.json names a real (tiny) trained BPE."""
-    d = make_data(tmp_path_factory.mktemp("data"), vocab_size=300)
-    texts = ["the quick brown fox jumps over the lazy dog. " * 3,
-             "a stitch in time saves nine; the early bird catches the worm. " * 3] * 20
-    train_bpe(texts, 300, d / "tokenizer.json")
-    meta = json.loads((d / "meta.json").read_text())
-    meta["tokenizer"] = "bpe:300"
-    (d / "meta.json").write_text(json.dumps(meta))
+    d = make_bpe_data(tmp_path_factory.mktemp("data"))
     r = tmp_path_factory.mktemp("run") / "run"
     train(tiny_config(d, **{"model.vocab_size": 300, "train.max_steps": 4}), r, progress=False)
     return r

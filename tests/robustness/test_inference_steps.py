@@ -24,10 +24,9 @@ from pathlib import Path
 import helpers
 import pytest
 from conftest import subprocess_runner
-from helpers import assert_user_error, make_data, ok, snapshot, tiny_config, write_config
+from helpers import assert_user_error, make_bpe_data, ok, snapshot, tiny_config, write_config
 
 from nlq.config import load_config
-from nlq.data.tokenizers import train_bpe
 
 one_thread = helpers.one_thread  # autouse
 
@@ -39,13 +38,7 @@ def run(tmp_path_factory, zygote) -> Path:
     """A finished tiny run with checkpoints at steps 2, 4 and 6, on data with a trained BPE
     (sample and convert need a real tokenizer)."""
     base = tmp_path_factory.mktemp("steps")
-    d = make_data(base / "data", vocab_size=300)
-    texts = ["the quick brown fox jumps over the lazy dog. " * 3,
-             "a stitch in time saves nine; the early bird catches the worm. " * 3] * 20
-    train_bpe(texts, 300, d / "tokenizer.json")
-    meta = json.loads((d / "meta.json").read_text())
-    meta["tokenizer"] = "bpe:300"
-    (d / "meta.json").write_text(json.dumps(meta))
+    d = make_bpe_data(base / "data")
     cfg = write_config(base / "c.toml", tiny_config(d, **{
         "model.vocab_size": 300, "train.max_steps": 6, "train.ckpt_interval": 2,
         "train.keep_checkpoints": 10}))
