@@ -18,16 +18,28 @@ default list: "gpt3-small-gpu", GPT-3 small at the paper's micro-batch (12 x 102
 (on CUDA the step runs under bf16 autocast and MFU is against a bf16 8192^3 matmul; use
 +compile for torch.compile, AdamW is fused and SDPA picks its flash kernel).
 
-Variants: a query (linear, nonlinear, identity, residual) or "reference", a plain
+Variants: a query (linear, nonlinear, identity, residual); "reference", a plain
 nanoGPT-style model written below from the design (fused QKV, logits + F.cross_entropy), to
-check nlq's linear arm is never slower. Modifiers after "+" change how a variant runs:
-  +logits   the loss from materialised (N, V) logits + F.cross_entropy (nlq's path before its
-            CPU fast paths) instead of nlq/model/loss.py's chunked loss;
-  +glibc    glibc's default malloc thresholds instead of nlq/train/alloc.py's;
-  +compile  train.compile = true (torch.compile of every block);
-  +modules  the model without nlq.model.apply_fast_paths: the hand-written CPU autograd
-            kernels (the nonlinear query's fused node among them) off, each module on its
-            plain reference path.
+check nlq's linear arm is never slower; "official-linear" and "official-nonlinear", the
+paper's official code's model (github.com/MarkoKarbevski/beyond_query_linearity, model.py,
+query_mode "original" and "residual_gelu"; NLQ_OFFICIAL_MODEL=path of that file) at the same
+shapes, with the same fused AdamW. The reference and official variants take +compile only.
+Modifiers after "+" change how a variant runs:
+  +logits     the loss from materialised (N, V) logits + F.cross_entropy (nlq's path before
+              its CPU fast paths) instead of nlq/model/loss.py's chunked loss (on CPU; on a
+              GPU that is the default already);
+  +chunked    the chunked loss on a GPU too (model.chunked_loss = True);
+  +glibc      glibc's default malloc thresholds instead of nlq/train/alloc.py's;
+  +compile    train.compile = true (torch.compile of the model with its loss, as one graph);
+  +blocks     with +compile: every block compiled on its own instead (nlq's compile before);
+  +cudagraphs train.compile with compile_mode = "reduce-overhead" (CUDA graphs);
+  +modules    the model without nlq.model.apply_fast_paths: the CPU kernels, the fused QKV
+              projection and the compiled query off, each module on its plain path;
+  +ddp        under DDP in one process (the run is started with torchrun --nproc_per_node 1
+              and the model wrapped in DistributedDataParallel even so): the wrapper's cost.
+The step loads its batch as nlq/train/batches.py does (on a GPU built ahead in a thread into
+pinned memory); "loader" is the share of the step spent waiting for it. NLQ_BENCH_PROFILE=1
+also records each measurement's top GPU kernels by device time (torch.profiler, 3 steps).
 Every variant runs as `nlq train` would (the allocator tuning applies to the reference too,
 so that comparison is about the model code); "linear+logits+glibc" is nlq's linear arm as it
 ran before its CPU fast paths (RESULTS.md, "train_bench after the CPU fast paths").
@@ -72,27 +84,57 @@ SHAPES = {
     "gpt3-small": ("gpt3-small", {"train.micro_batch": 1, "model.block_size": 256}),
     # GPT-3 small as the paper trains it, one micro-batch of 12 x 1024 (for a GPU)
     "gpt3-small-gpu": ("gpt3-small", {}),
+    # the study's first GPU rung (nlq/experiments/ladder.toml R1): d=256, 4 layers, 8 x 256
+    "r1-gpu": ("small", {"model.d_model": 256, "model.n_head": 4, "model.mlp_hidden": 1024,
+                         "model.block_size": 256, "train.micro_batch": 8}),
 }
-STEPS = {"tiny": 10, "preset": 30, "gpt3-small": 5, "gpt3-small-gpu": 20}
+STEPS = {"tiny": 10, "preset": 30, "gpt3-small": 5, "gpt3-small-gpu": 20, "r1-gpu": 100}
 CPU_SHAPES = "tiny,preset,gpt3-small"
 VARIANTS = ["linear", "nonlinear", "identity", "residual", "reference", "linear+logits+glibc"]
-MODIFIERS = {"logits", "glibc", "compile", "modules"}
+MODIFIERS = {"logits", "glibc", "compile", "modules", "chunked", "blocks", "cudagraphs", "ddp"}
+
+
+BASES = ("linear", "nonlinear", "identity", "residual", "reference", "official-linear",
+         "official-nonlinear")
 
 
 def parse_variant(v: str) -> tuple[str, set[str]]:
     base, *mods = v.split("+")
     bad = [x for x in mods if x not in MODIFIERS]
-    if base not in ("linear", "nonlinear", "identity", "residual", "reference") or bad:
-        raise SystemExit(f"train_bench: unknown variant {v!r} (a query or 'reference', then "
-                         f"+{'/+'.join(sorted(MODIFIERS))})")
-    if base == "reference" and mods:
-        raise SystemExit(f"train_bench: the reference takes no modifiers ({v!r})")
+    if base not in BASES or bad:
+        raise SystemExit(f"train_bench: unknown variant {v!r} (one of {', '.join(BASES)}, "
+                         f"then +{'/+'.join(sorted(MODIFIERS))})")
+    if not base.startswith(("linear", "nonlinear", "identity", "residual")) and (
+            set(mods) - {"compile"}):
+        raise SystemExit(f"train_bench: {base} takes +compile only ({v!r})")
+    if base.startswith("official") and not os.environ.get("NLQ_OFFICIAL_MODEL"):
+        raise SystemExit("train_bench: the official variants need NLQ_OFFICIAL_MODEL=path of "
+                         "the official code's model.py (github.com/MarkoKarbevski/"
+                         "beyond_query_linearity)")
     return base, set(mods)
+
+
+def official_model(path: str, m, query: str):
+    """The paper's official model (its model.py, a nanoGPT fork) at nlq's shapes: "original"
+    is its linear arm, "residual_gelu" its nonlinear query."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("official_model", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    hs = m.d_model // m.n_head
+    cfg = mod.GPTConfig(block_size=m.block_size, vocab_size=m.vocab_size, n_layer=m.n_layer,
+                        num_heads=m.n_head, n_embd=m.d_model, head_size=hs, bias=False,
+                        dropout=0.0, mlp_hidden_size=m.mlp_width, scale=hs ** -0.5,
+                        query_mode="original" if query == "linear" else "residual_gelu")
+    return mod.GPT(cfg)
 
 
 def build(shape: str, variant: str):
     """(model config, device, step function) of one variant; step(i) runs training step i
-    and returns the loader's share of its time in seconds."""
+    and returns the seconds it waited for its batch (nlq's loader, nlq/train/batches.py)."""
+    import contextlib
+
     import numpy as np
     import torch
     import torch.nn.functional as F
@@ -101,15 +143,21 @@ def build(shape: str, variant: str):
     from nlq.config import load_config
     from nlq.data.schedule import train_batch
     from nlq.model import Transformer, apply_fast_paths
-    from nlq.train.loop import make_optimizer
+    from nlq.train import dist
+    from nlq.train.batches import Ahead
+    from nlq.train.loop import compile_model, make_optimizer
 
     base, mods = parse_variant(variant)
     preset, over = SHAPES[shape]
-    query = "linear" if base == "reference" else base
+    query = base.removeprefix("official-") if base.startswith(("reference", "official")) \
+        else base
+    query = "linear" if query == "reference" else query
     cfg = load_config(preset, {**over, "model.query": query, "train.fused_adamw": True,
-                               "train.compile": "compile" in mods})
+                               "train.compile": "compile" in mods or "cudagraphs" in mods,
+                               "train.compile_mode": "reduce-overhead" if "cudagraphs" in mods
+                               else "default"})
     m, t = cfg.model, cfg.train
-    dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dev = dist.resolve_device("auto", int(os.environ.get("LOCAL_RANK", "0")))
     torch.manual_seed(0)
 
     class Ref(nn.Module):  # nanoGPT-style: fused c_attn, pre-LN, tied head, no biases
@@ -144,27 +192,55 @@ def build(shape: str, variant: str):
             logits = F.linear(self.ln_f(x), self.wte.weight)  # (B, T, V)
             return logits, F.cross_entropy(logits.view(B * T, -1), targets.reshape(-1))
 
-    model = (Ref() if base == "reference" else Transformer(m)).to(dev)
-    if base != "reference" and "modules" not in mods:
-        apply_fast_paths(model)  # as nlq/train/loop.py does
+    if base == "reference":
+        model = Ref()
+    elif base.startswith("official"):
+        model = official_model(os.environ["NLQ_OFFICIAL_MODEL"], m, query)
+    else:
+        model = Transformer(m)
+        if "modules" not in mods:  # as nlq/train/loop.py does
+            apply_fast_paths(model, compile_query=not t.compile)
+        if "chunked" in mods:
+            model.chunked_loss = True
+    model = model.to(dev)
     if t.compile:
-        for block in model.blocks:  # as nlq/train/loop.py does
-            block.compile()
-    opt = make_optimizer(model, t, dev) if base != "reference" else torch.optim.AdamW(
-        model.parameters(), lr=t.lr, betas=(t.beta1, t.beta2), fused=True)
+        if "blocks" in mods:  # nlq's compile before: block by block
+            for block in model.blocks:
+                block.compile()
+        elif isinstance(model, Transformer):
+            compile_model(model, t)  # as nlq/train/loop.py does
+        else:
+            model.compile()
+    wrapped = model
+    if "ddp" in mods:  # DDP even in one process: what the wrapper costs per GPU
+        import torch.distributed as tdist
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        if not tdist.is_initialized():
+            tdist.init_process_group("nccl" if dev.type == "cuda" else "gloo")
+        wrapped = DDP(model, device_ids=[dev.index] if dev.type == "cuda" else None)
+    opt = (make_optimizer(model, t, dev) if isinstance(model, Transformer) else
+           torch.optim.AdamW(model.parameters(), lr=t.lr, betas=(t.beta1, t.beta2), fused=True))
     kw = {"return_logits": True} if "logits" in mods else {}
     B, T = t.micro_batch, m.block_size
     data = np.random.default_rng(0).integers(0, m.vocab_size, 2_000_000).astype(np.uint16)
+
+    def windows(i):  # nlq's batch schedule on random tokens: inputs, targets (B, T) each
+        w = train_batch(data, 1, i, 0, B, 1, T)  # (B, T+1)
+        return w[:, :-1], w[:, 1:].clone()
+
+    loader = Ahead(windows, dev)  # as nlq/train/batches.py runs it
     amp = (torch.autocast("cuda", dtype=torch.bfloat16) if dev.type == "cuda"
-           else torch.autocast("cpu", enabled=False))
+           else contextlib.nullcontext())
 
     def step(i):
         t0 = time.perf_counter()
-        w = train_batch(data, 1, i, 0, B, 1, T)  # (B, T+1)
-        x, y = w[:, :-1].to(dev), w[:, 1:].to(dev)
+        x, y = loader.get((i,), (i + 1,))
         t_load = time.perf_counter() - t0
+        if t.compile_mode == "reduce-overhead":
+            torch.compiler.cudagraph_mark_step_begin()
         with amp:
-            _, loss = model(x, y, **kw)
+            _, loss = wrapped(x, y, **kw)
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
@@ -173,6 +249,27 @@ def build(shape: str, variant: str):
     for i in range(3 if t.compile else 2):  # warm-up: allocator, kernels, AdamW state, compile
         step(i)
     return cfg, dev, step
+
+
+def top_kernels(step, dev, first: int, n_steps: int = 3, top: int = 15) -> list:
+    """The GPU kernels of n_steps steps by self device time: [name, ms per step, share]."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for i in range(first, first + n_steps):
+            step(i)
+        torch.cuda.synchronize(dev)
+    rows = []
+    for e in prof.key_averages():
+        us = getattr(e, "self_device_time_total", None)
+        if us is None:
+            us = getattr(e, "self_cuda_time_total", 0)
+        if us > 0 and e.device_type == torch.autograd.DeviceType.CUDA:
+            rows.append((e.key, us))
+    total = sum(us for _, us in rows) or 1.0
+    rows.sort(key=lambda r: -r[1])
+    return [[k[:90], us / 1e3 / n_steps, us / total] for k, us in rows[:top]]
 
 
 def measure(shape: str, variant: str, steps: int) -> dict:
@@ -210,10 +307,13 @@ def measure(shape: str, variant: str, steps: int) -> dict:
     tok_s = B * T / dt
     mem = (torch.cuda.max_memory_allocated() if dev.type == "cuda"
            else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
-    return {"shape": shape, "variant": variant, "tok_per_s": tok_s, "ms_per_step": 1e3 * dt,
-            "mfu": flops_per_token(m) * tok_s / peak, "matmul_gflops": peak / 1e9,
-            "loader_frac": load / steps / dt, "peak_mem_mb": mem / 2 ** 20,
-            "threads": torch.get_num_threads(), "device": str(dev)}
+    row = {"shape": shape, "variant": variant, "tok_per_s": tok_s, "ms_per_step": 1e3 * dt,
+           "mfu": flops_per_token(m) * tok_s / peak, "matmul_gflops": peak / 1e9,
+           "loader_frac": load / steps / dt, "peak_mem_mb": mem / 2 ** 20,
+           "threads": torch.get_num_threads(), "device": str(dev)}
+    if os.environ.get("NLQ_BENCH_PROFILE") == "1" and dev.type == "cuda":
+        row["top_kernels"] = top_kernels(step, dev, 2 + steps)
+    return row
 
 
 def paired(shape: str, variants: list[str], pairs: int, block: int = 1) -> dict:
@@ -335,8 +435,9 @@ def main() -> int:
         raise SystemExit("train_bench: --repeats, --block and --steps must be >= 1")
     rec = record.Recorder("train_bench", args)  # refuses a dirty tree before measuring
     if args.pairs:
-        if any("glibc" in parse_variant(v)[1] for v in variants):
-            raise SystemExit("train_bench: +glibc is per process; it cannot be paired in one")
+        if any({"glibc", "ddp"} & parse_variant(v)[1] for v in variants):
+            raise SystemExit("train_bench: +glibc and +ddp are per process; they cannot be "
+                             "paired in one")
         rows = report_paired(args, shapes, variants)
         rec.write({"mode": "paired", "pairs": args.pairs, "block": args.block,
                    **run_state(), "paired": rows})
@@ -346,13 +447,18 @@ def main() -> int:
         for shape in shapes:
             steps = args.steps or STEPS[shape]
             for v in variants:
-                out = subprocess.run([sys.executable, __file__, "--child", shape, v, str(steps)],
+                launch = ([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                           "--nproc_per_node", "1"] if "ddp" in parse_variant(v)[1]
+                          else [sys.executable])
+                out = subprocess.run([*launch, __file__, "--child", shape, v, str(steps)],
                                      capture_output=True, text=True, check=False)
                 if out.returncode != 0:
                     sys.stderr.write(out.stderr)
                     raise SystemExit(f"train_bench: {shape}/{v} failed (exit {out.returncode})")
                 row = json.loads(out.stdout.strip().splitlines()[-1]) | {"repeat": r}
                 rows.append(row)
+                for name, ms, share in row.get("top_kernels", []):
+                    print(f"    {share:6.1%} {ms:8.3f} ms/step  {name}")
                 print(f"repeat {r} {shape:>10} {v:>20}: {row['tok_per_s']:9,.0f} tok/s "
                       f"{row['ms_per_step']:8.1f} ms/step  MFU {row['mfu']:5.1%}  "
                       f"(matmul {row['matmul_gflops']:.0f} GFLOP/s)", flush=True)

@@ -54,6 +54,62 @@ def test_bf16_training_on_cuda_matches_fp32_on_cpu(tmp_path_factory, tmp_path):
     assert gpu["val_loss"] == pytest.approx(cpu["val_loss"], rel=5e-3)
 
 
+@pytest.mark.parametrize("compile_mode", ["default", "reduce-overhead"])
+def test_compiled_training_on_cuda_matches_fp32_on_cpu(tmp_path_factory, tmp_path,
+                                                       compile_mode):
+    """The same two steps with train.compile (the whole model with its loss as one graph;
+    reduce-overhead adds CUDA graphs), nonlinear query: on CUDA under bf16 as fp32 on CPU."""
+    cfg = tiny_config(shared_data(tmp_path_factory), **{
+        "train.max_steps": 2, "train.eval_interval": 2, "model.query": "nonlinear"})
+    cpu = trained(cfg, tmp_path / "cpu", "cpu", "fp32")
+    gpu = trained(cfg.replace(**{"train.compile": True, "train.compile_mode": compile_mode}),
+                  tmp_path / "cuda", "cuda", "bf16")
+    assert gpu["loss"] == pytest.approx(cpu["loss"], rel=5e-3)
+    assert gpu["grad_norm"] == pytest.approx(cpu["grad_norm"], rel=2e-2)
+    assert gpu["val_loss"] == pytest.approx(cpu["val_loss"], rel=5e-3)
+
+
+@pytest.mark.parametrize("query", ["linear", "nonlinear"])
+def test_cuda_fast_paths_match_the_plain_model(query):
+    """apply_fast_paths on CUDA (fused QKV projection; for nonlinear the compiled query too)
+    vs the plain model on CUDA, fp32, same weights: loss and every gradient agree, and the
+    fast paths did run."""
+    import copy
+
+    from nlq.model import Transformer
+    from nlq.model.fast import FusedQKVAttention
+
+    cfg = tiny_config("unused", **{"model.query": query}).model
+    plain = Transformer(cfg, seed=1).cuda()
+    fast = apply_fast_paths(copy.deepcopy(plain))
+    assert any(isinstance(m, FusedQKVAttention) for m in fast.modules())
+    idx = torch.randint(0, cfg.vocab_size, (4, cfg.block_size), device="cuda")
+    out = {}
+    for name, model in (("fast", fast), ("plain", plain)):
+        _, loss = model(idx, idx)
+        loss.backward()
+        out[name] = (loss.detach(), {n: p.grad for n, p in model.named_parameters()})
+    torch.testing.assert_close(out["fast"][0], out["plain"][0], rtol=1e-5, atol=1e-6)
+    for n, g in out["plain"][1].items():
+        torch.testing.assert_close(out["fast"][1][n], g, rtol=1e-3, atol=1e-6, msg=n)
+
+
+def test_prefetched_batches_on_cuda_equal_the_cpu_batches(tmp_path_factory):
+    """Batches on CUDA (built ahead in a thread, pinned, copied without blocking) are the
+    CPU path's batches, over several steps of grad accumulation."""
+    from nlq.train.batches import Batches
+    from nlq.train.dist import World
+
+    cfg = tiny_config(shared_data(tmp_path_factory), **{"train.grad_accum": 2})
+    cpu = Batches(cfg, World(), torch.device("cpu"))
+    gpu = Batches(cfg, World(), torch.device("cuda"))
+    assert gpu.ahead.pinned
+    for step in range(3):
+        for micro in cpu.micros:
+            a, b = cpu.train(step, micro), gpu.train(step, micro)
+            assert all(torch.equal(x, y.cpu()) for x, y in zip(a, b))
+
+
 def test_nonlinear_query_plain_path_on_cuda_matches_the_cpu_kernel():
     """The nonlinear query in fp32: CUDA runs its plain modules, CPU the hand-written kernel;
     outputs and the gradients of the input and of every weight agree."""
@@ -63,7 +119,7 @@ def test_nonlinear_query_plain_path_on_cuda_matches_the_cpu_kernel():
     with torch.no_grad():  # norm gains and biases off their init, so their gradients matter
         for p in q_cpu.parameters():
             p.add_(0.1 * torch.randn_like(p))
-    q_gpu = apply_fast_paths(make_query(cfg)).cuda()
+    q_gpu = apply_fast_paths(make_query(cfg), compile_query=False).cuda()
     q_gpu.load_state_dict(q_cpu.state_dict())
     x = torch.randn(4, 16, cfg.d_model)  # (B, T, C)
     assert q_cpu.fused_cpu(x), "the CPU side must take the kernel"

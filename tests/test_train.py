@@ -180,7 +180,8 @@ CASES = {
 ELSEWHERE = {"objective", "mlm_prob", "prefix_frac", "device", "compile", "parallel",
              "wandb_project",  # below
              "init_from",  # tests/test_init_from.py
-             "threads"}  # tests/robustness/test_threads.py
+             "threads",  # tests/robustness/test_threads.py
+             "compile_mode"}  # tests/test_gpu_paths.py
 
 
 def test_every_key_is_tested():

@@ -94,8 +94,14 @@ class TrainConfig:
     """auto (fp32 on CPU, bf16 autocast on CUDA) | fp32 | bf16. The paper: bf16 autocast
     (docs/paper.md, "The training recipe")."""
     compile: bool = False
-    """torch.compile every block. The paper's runs compile (docs/paper.md, "The training
-    recipe"); off by default so that a CPU run starts at once."""
+    """torch.compile the model with its loss, as one graph (every block on its own under
+    FSDP, which shards block by block). The paper's runs compile (docs/paper.md, "The
+    training recipe"); off by default so that a run starts at once. Without it, on CUDA the
+    paper's query alone is compiled (nlq/model/fast.py)."""
+    compile_mode: str = "default"
+    """torch.compile's mode with train.compile: default | reduce-overhead (CUDA graphs: for
+    small models whose step is bound by kernel launches) | max-autotune |
+    max-autotune-no-cudagraphs."""
     fused_adamw: bool = True
     """Use torch's fused AdamW kernel (CUDA and CPU); other devices reject it."""
     objective: str = "auto"

@@ -36,6 +36,7 @@ INT_RANGES: dict[str, tuple[int, int]] = {
     "train.seed": (0, 2**63 - 1),
     "data.seed": (0, 2**63 - 1),
 }
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 # Linux's limits on a path and on one of its components, in bytes (PATH_MAX, NAME_MAX)
 PATH_MAX, NAME_MAX = 4095, 255
 
@@ -85,6 +86,10 @@ def validate_train(t: TrainConfig) -> None:
         raise NlqError(f"config key 'train.prefix_frac' must be in [0, 1), got {t.prefix_frac!r}")
     choice("train.precision", t.precision, ("auto", "fp32", "bf16"))
     choice("train.objective", t.objective, ("auto", "clm", "mlm"))
+    choice("train.compile_mode", t.compile_mode, COMPILE_MODES)
+    if t.compile_mode != "default" and not t.compile:
+        raise NlqError(f"config key 'train.compile_mode' = {t.compile_mode!r} needs "
+                       f"train.compile = true")
     choice("train.parallel", t.parallel, ("ddp", "fsdp"))
     if not (t.device in ("auto", "cpu", "cuda") or t.device.startswith("cuda:")):
         raise NlqError(f"config key 'train.device' = {short(t.device)} is not auto, cpu or "

@@ -91,7 +91,8 @@ def _from_checkpoint(d: Path, state: dict, data: Path | None) -> Loaded:
 def _from_state(model_config: dict, weights: dict) -> Transformer:
     model = Transformer(model_config_from_dict(model_config), seed=0)
     model.load_weights(weights)
-    apply_fast_paths(model)  # the kernels training ran, so eval gives its numbers exactly
+    # the kernels training ran, so eval gives its numbers exactly; no compile start-up
+    apply_fast_paths(model, compile_query=False)
     return model.eval()
 
 

@@ -62,11 +62,17 @@ class Attention(nn.Module):
         self.dropout = cfg.dropout
         self.resid_drop = nn.Dropout(cfg.dropout)
 
+    def qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """x (B, T, C) -> q (B, T, C), k and v (B, T, nkv * hs) each: the three projections.
+        nlq/model/fast.py's FusedQKVAttention runs them as one matrix product on CUDA."""
+        return self.q(x), self.k_proj(x), self.v_proj(x)
+
     def forward(self, x, mask=None, is_causal=False, rope=None):
         B, T, C = x.shape
-        q = self.q(x).view(B, T, self.nh, self.hs).transpose(1, 2)  # (B, nh, T, hs)
-        k = self.k_proj(x).view(B, T, self.nkv, self.hs).transpose(1, 2)  # (B, nkv, T, hs)
-        v = self.v_proj(x).view(B, T, self.nkv, self.hs).transpose(1, 2)  # (B, nkv, T, hs)
+        q, k, v = self.qkv(x)
+        q = q.view(B, T, self.nh, self.hs).transpose(1, 2)  # (B, nh, T, hs)
+        k = k.view(B, T, self.nkv, self.hs).transpose(1, 2)  # (B, nkv, T, hs)
+        v = v.view(B, T, self.nkv, self.hs).transpose(1, 2)  # (B, nkv, T, hs)
         if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
         if rope is not None:
@@ -148,6 +154,12 @@ class Transformer(nn.Module):
             self.register_buffer("rope_cos", cos, persistent=False)
             self.register_buffer("rope_sin", sin, persistent=False)
         self.reset_parameters()
+        # Where the training loss comes chunk by chunk from the hidden states
+        # (nlq/model/loss.py): None = on CPU only, where it saves page faults on every step;
+        # on a GPU the plain logits + F.cross_entropy is one fused kernel pair that
+        # torch.compile can fold into the model's graph (benchmarks/RESULTS.md, GPU section).
+        # True / False force either path (e.g. True for a vocabulary too large for memory).
+        self.chunked_loss: bool | None = None
 
     @torch.no_grad()
     def reset_parameters(self) -> None:
@@ -182,8 +194,9 @@ class Transformer(nn.Module):
         to (B, nh, T, T), True = may attend; it replaces the arch's default mask. prefix_len:
         int or (B,) for the prefix-LM. reduction: "mean", "sum" or "none" (per token, (B, T)).
         Returns (logits (B, T, V) or None, loss or None). Logits are returned when there are
-        no targets or return_logits=True; otherwise the loss comes from the hidden states
-        chunk by chunk (nlq/model/loss.py) and the (B, T, V) logits are never formed."""
+        no targets, when return_logits=True, or when the loss is not chunked (self.chunked_loss;
+        by default on CPU it is: the loss comes from the hidden states chunk by chunk,
+        nlq/model/loss.py, and the (B, T, V) logits are never formed)."""
         B, T = idx.shape
         if T > self.cfg.block_size:
             raise ValueError(f"sequence length {T} exceeds block_size {self.cfg.block_size}")
@@ -201,7 +214,8 @@ class Transformer(nn.Module):
         for block in self.blocks:
             x = block(x, mask, is_causal, rope)
         x = self.ln_f(x)
-        if targets is not None and not return_logits and reduction != "none":
+        chunked = self.chunked_loss if self.chunked_loss is not None else x.device.type == "cpu"
+        if targets is not None and chunked and not return_logits and reduction != "none":
             loss = linear_cross_entropy(
                 x.view(B * T, -1), self.lm_head.weight, targets.reshape(B * T),  # (B*T, C), (B*T,)
                 reduction=reduction, ignore_index=-1,

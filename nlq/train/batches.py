@@ -3,11 +3,17 @@
 Every arm sees the same windows (nlq/data/schedule.py) and MLM masks are a function of the
 data seed and the window's place in the schedule, so a resumed run, or one on another
 number of ranks, sees the same batches. Targets of -1 carry no loss.
+
+On CUDA the next micro-batch is built ahead, in a thread, into pinned memory while the GPU
+runs the current one, and copied without blocking: the step never waits for the CPU
+(benchmarks/RESULTS.md, the GPU section: the loader's share of a step). On CPU nothing runs
+ahead: there the work would only compete with the step for the same cores.
 """
 
 from __future__ import annotations
 
 import math
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
 
@@ -24,6 +30,36 @@ from nlq.data.schedule import (
 )
 from nlq.errors import NlqError
 from nlq.train.dist import World
+
+
+class Ahead:
+    """build(*key) -> host tensors, fetched onto `device` by get(key, next_key). On CUDA the
+    item of next_key is built meanwhile in a thread, into pinned memory, so that get() of it
+    only queues a non-blocking copy behind the running step; elsewhere get() builds and
+    copies at once. An item asked for out of order is built on the spot (correct, not
+    ahead)."""
+
+    def __init__(self, build, device: torch.device, threaded: bool | None = None):
+        """threaded: build ahead in a thread; None = on CUDA only (the tests turn it on for
+        CPU, where nothing is pinned)."""
+        self.build, self.device = build, device
+        self.pinned = device.type == "cuda"
+        threaded = self.pinned if threaded is None else threaded
+        self._pool = ThreadPoolExecutor(1, "nlq-batches") if threaded else None
+        self._next: tuple[tuple, Future] | None = None  # (key, its item being built)
+
+    def _build_pinned(self, *key) -> tuple[torch.Tensor, ...]:
+        items = self.build(*key)
+        return tuple(x.pin_memory() for x in items) if self.pinned else tuple(items)
+
+    def get(self, key: tuple, next_key: tuple) -> tuple[torch.Tensor, ...]:
+        if self._pool is None:
+            return tuple(x.to(self.device) for x in self.build(*key))
+        ready = self._next[1] if self._next is not None and self._next[0] == key else None
+        if ready is None:  # the first step, or a step out of order
+            ready = self._pool.submit(self._build_pinned, *key)
+        self._next = (next_key, self._pool.submit(self._build_pinned, *next_key))
+        return tuple(x.to(self.device, non_blocking=self.pinned) for x in ready.result())
 
 
 class Batches:
@@ -48,6 +84,7 @@ class Batches:
         self.val, self.val_valid = self._val_shard()
         if t.test_eval and self.data.test is None:
             self.data.test_docs()  # the error that names the folder, before any training
+        self.ahead = Ahead(self.train_cpu, device)
 
     def _val_shard(self) -> tuple[torch.Tensor, torch.Tensor]:
         """This rank's val chunks (n_chunks, B, T+1) and which windows are real (n_chunks, B).
@@ -67,7 +104,15 @@ class Batches:
         return val, valid
 
     def train(self, step: int, micro: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Micro-batch `micro` (global index) of optimizer step `step` (0-based)."""
+        """Micro-batch `micro` (global index) of optimizer step `step` (0-based), on the
+        device. On CUDA it was built ahead (see the module's docstring), and the one after it
+        starts building now."""
+        i = self.micros.index(micro)
+        nxt = (step, self.micros[i + 1]) if i + 1 < len(self.micros) else (step + 1, self.micros[0])
+        return self.ahead.get((step, micro), nxt)
+
+    def train_cpu(self, step: int, micro: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """train(step, micro) in host memory."""
         t = self.t
         w = train_batch(self.data.train, self.seed, step, micro, t.micro_batch, t.grad_accum,
                         self.T)  # (B, T+1)
@@ -78,8 +123,8 @@ class Batches:
         """This rank's val chunk i; padding windows get no targets."""
         # masks keyed by the global chunk index: the same for every world size
         x, y = self._inputs_targets(self.val[i], (MLM_VAL, i * self.world.size + self.world.rank))
-        y[~self.val_valid[i].to(self.device)] = -1
-        return x, y
+        y[~self.val_valid[i]] = -1
+        return x.to(self.device), y.to(self.device)
 
     def test_inputs_targets(self, w: torch.Tensor, chunk: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Test windows (b, T+1), -1 = padding, of global chunk `chunk` -> inputs, targets
@@ -99,7 +144,7 @@ class Batches:
         return x.to(self.device), y.to(self.device)
 
     def _inputs_targets(self, w: torch.Tensor, key: tuple) -> tuple[torch.Tensor, torch.Tensor]:
-        """Windows (B, T+1) -> inputs, targets (B, T) each, on the device: next tokens (clm)
+        """Windows (B, T+1) -> inputs, targets (B, T) each, on the CPU: next tokens (clm)
         or the masked-out originals (mlm)."""
         if self.objective == "clm":
             x, y = w[:, :-1], w[:, 1:].clone()  # (B, T) each
@@ -108,4 +153,4 @@ class Batches:
         else:
             x, y = mlm_corrupt(w[:, :-1], self.seed, key, self.t.mlm_prob, self.mask_id,
                                self.data.vocab_size)
-        return x.to(self.device), y.to(self.device)
+        return x, y

@@ -249,15 +249,16 @@ def set_up(cfg: Config, files: RunDir, world: dist.World, device: torch.device,
     t = cfg.train
     batches = Batches(cfg, world, device)
     model = Transformer(cfg.model, seed=t.seed)  # init keyed by (seed, name)
-    apply_fast_paths(model)  # CPU kernels of the same math (nlq/model/fast.py)
+    # kernels of the same math: CPU autograd kernels; on CUDA fused projections and, unless
+    # the whole model is compiled below, the paper's query compiled (nlq/model/fast.py)
+    apply_fast_paths(model, compile_query=not t.compile)
     if init is not None:
         init_from.apply(init, model, verbose=world.main)
     model = model.to(device)
     params = {"params_total": model.num_params(),
               "params_non_embedding": model.num_params(non_embedding=True)}
     if t.compile:
-        for block in model.blocks:
-            block.compile()
+        compile_model(model, t)
     wrapped = dist.wrap(model, t.parallel, world, device)
     # after wrapping: FSDP2 replaces the parameters with sharded DTensors
     optimizer = make_optimizer(model, t, device)
@@ -269,6 +270,19 @@ def set_up(cfg: Config, files: RunDir, world: dist.World, device: torch.device,
         armed.attach(model, optimizer)
     return Run(cfg, world, device, files, batches, wrapped, optimizer, autocast, armed, params,
                Spikes(), init=init.record() if init is not None else None)
+
+
+def compile_model(model: Transformer, t) -> None:
+    """torch.compile in place: the whole model with its loss (one graph: the loss and the
+    last block fuse, no graph boundary per block), or block by block under FSDP2, which
+    shards and gathers per block (as torchtitan compiles). train.compile_mode picks the mode
+    (reduce-overhead: CUDA graphs, for launch-bound small models)."""
+    mode = None if t.compile_mode == "default" else t.compile_mode
+    if t.parallel == "fsdp" and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        for block in model.blocks:
+            block.compile(mode=mode)
+    else:
+        model.compile(mode=mode)
 
 
 def start(run: Run, resume: bool) -> tuple[Position, bool]:
@@ -331,6 +345,10 @@ def train_step(run: Run, step: int) -> tuple[float, float, float]:
     loss_sum = torch.zeros((), device=run.device)
     for i, micro in enumerate(micros):
         x, y = run.batches.train(step, micro)
+        if t.compile_mode in ("reduce-overhead", "max-autotune"):
+            # CUDA graphs replay into the same output buffers: a new iteration starts here,
+            # after the last one's loss was read
+            torch.compiler.cudagraph_mark_step_begin()
         with dist.grad_sync(run.wrapped, t.parallel, world, sync=i == len(micros) - 1):
             with run.autocast:
                 _, loss = run.wrapped(x, y, prefix_len=run.batches.prefix_len)

@@ -23,8 +23,10 @@ P = parameters, a = bytes of an activation (4 in fp32, 2 under bf16 autocast).
 - attention scores, 3 B nh T^2 L a, where attention dropout runs on CPU: that takes the
   "math" attention, which keeps the probabilities, the dropout mask and the dropped
   probabilities. Fused kernels (CPU without dropout, CUDA) keep O(T) a row;
-- the loss (nlq/model/loss.py), 4 (V C + B T C + 3 n V): the output weight's and the hidden
-  states' gradients in fp32 and one chunk of n rows of logits (3 copies);
+- the loss: on CPU (nlq/model/loss.py, chunked) 4 (V C + B T C + 3 n V), the output
+  weight's and the hidden states' gradients in fp32 and one chunk of n rows of logits (3
+  copies); on a GPU (plain logits) 4 (V C + B T C) + (a + 12) B T V, the logits in the
+  compute dtype, their fp32 copy, log-softmax and its gradient;
 - the test split's evaluation at the end of a run (train.test_eval), 8 B T V: full logits
   and their log-softmax in fp32 (reduction "none"), with the weights and AdamW state held;
 - the fixed val windows, 18 eval_batches B (T + 1): int64 windows gathered through an int64
@@ -97,8 +99,10 @@ def estimate(cfg: Config, device: torch.device, shards: int = 1) -> Estimate:
     # attention dropout on CPU takes the "math" attention, which keeps (B, nh, T, T) tensors
     math_attn = m.dropout > 0 and device.type == "cpu"
     scores = 3 * B * m.n_head * T * T * L * a if math_attn else 0
-    rows = chunk_rows(B * T, V, device)
-    loss = 4 * (V * C + B * T * C + 3 * rows * V)
+    if device.type == "cpu":  # the chunked loss (Transformer.chunked_loss's default)
+        loss = 4 * (V * C + B * T * C + 3 * chunk_rows(B * T, V, device) * V)
+    else:  # whole (B T, V) logits: in bf16, their fp32 copy, log-softmax, its gradient
+        loss = 4 * (V * C + B * T * C) + (a + 12) * B * T * V
     test_logits = 8 * B * T * V if t.test_eval else 0
     val = 18 * t.eval_batches * B * (T + 1)
     peak = state + val + max(acts + scores + loss, test_logits)

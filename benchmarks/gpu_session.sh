@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Every GPU figure of benchmarks/RESULTS.md's GPU section and the GPU tests, in one go, in
+# about 8 minutes on one H200 (a GPU lent for a short while: one script, run once).
+#
+#   NLQ_OFFICIAL_MODEL=path/of/official/model.py bash benchmarks/gpu_session.sh [OUT_DIR]
+#
+# 1. meanwhile: the GPU tests (pytest -m gpu) and torch.compile's caches warmed for every
+#    compiled variant, four processes at a time (compiling is CPU work; nothing is timed yet);
+# 2. alone on the GPU: train_bench at GPT-3 small (12 x 1024, bf16) for nlq's arms eager and
+#    compiled, the nanoGPT-style reference and the official code's model alike, the chunked
+#    loss and DDP in one process, with each row's top GPU kernels (profile);
+# 3. the study's first rung (d=256, 8 x 256): eager, compiled and CUDA graphs.
+# Logs and result files go to OUT_DIR (default benchmarks/results). Outside a git checkout
+# set NLQ_BENCH_COMMIT to the commit the tree is (benchmarks/record.py).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT_DIR=${1:-benchmarks/results}
+mkdir -p "$OUT_DIR"
+export PYTHONUNBUFFERED=1 PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}$PWD
+PY=${PYTHON:-python3}
+BENCH=benchmarks/train_bench.py
+BIG="linear,nonlinear,reference,official-linear,official-nonlinear,linear+modules,nonlinear+modules,linear+compile,nonlinear+compile,reference+compile,official-linear+compile,official-nonlinear+compile,nonlinear+compile+chunked,nonlinear+compile+blocks,linear+compile+ddp"
+SMALL="linear,nonlinear,linear+compile,nonlinear+compile,linear+cudagraphs,nonlinear+cudagraphs"
+nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv | tee "$OUT_DIR/gpu.txt"
+
+t0=$(date +%s)
+timeout 240 "$PY" -m pytest -q -m gpu tests/test_gpu.py -p no:cacheprovider \
+    > "$OUT_DIR/gpu_tests.log" 2>&1 &
+tests=$!
+warm() {  # shape variant: one step of it, to fill the compile caches
+    timeout 240 "$PY" "$BENCH" --child "$1" "$2" 1 > /dev/null 2>&1 || echo "warm-up $1 $2 failed"
+}
+export -f warm
+export PY BENCH
+{
+    for v in ${BIG//,/ }; do [[ $v == *compile* && $v != *ddp* ]] && echo "gpt3-small-gpu $v"; done
+    for v in ${SMALL//,/ }; do [[ $v == *compile* || $v == *cudagraphs* ]] && echo "r1-gpu $v"; done
+} | xargs -P 4 -L 1 bash -c 'warm "$0" "$1"'
+wait $tests
+echo "tests exit $? after $(( $(date +%s) - t0 )) s"
+tail -5 "$OUT_DIR/gpu_tests.log"
+
+NLQ_BENCH_PROFILE=1 timeout 330 "$PY" "$BENCH" --shapes gpt3-small-gpu --variants "$BIG" \
+    --repeats 1 --results-dir "$OUT_DIR" 2>&1 | tee "$OUT_DIR/bench_gpt3.log"
+timeout 120 "$PY" "$BENCH" --shapes r1-gpu --variants "$SMALL" --repeats 1 \
+    --results-dir "$OUT_DIR" 2>&1 | tee "$OUT_DIR/bench_r1.log"
+echo "total $(( $(date +%s) - t0 )) s"
