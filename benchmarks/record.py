@@ -8,7 +8,7 @@ RESULTS.md keeps its raw data. Every file holds the same keys (KEYS):
     date      when the run started, ISO 8601 in UTC
     commit    the full sha of HEAD
     dirty     whether tracked files differed from HEAD (uncommitted code was measured); false
-              for a copied tree without .git whose clean commit NLQ_BENCH_COMMIT named
+              for a copied tree whose clean commit NLQ_BENCH_COMMIT named
     command   the command line
     hardware  cpu model, cores, machine, python and torch versions, CUDA device (or null)
     results   the bench's own figures and settings
@@ -51,16 +51,16 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
 
 
 def git_state(root: Path = ROOT) -> tuple[str, bool]:
-    """(sha of HEAD, whether tracked files outside NOT_CODE differ from it); outside a git
-    checkout (NLQ_BENCH_COMMIT, False): the sender's word that the copy is that commit."""
+    """(sha of HEAD, whether tracked files outside NOT_CODE differ from it); where
+    NLQ_BENCH_COMMIT is set, (it, False): the sender's word that the tree is that commit."""
     def git(*a: str) -> subprocess.CompletedProcess:
         return subprocess.run(["git", *a], cwd=root, capture_output=True, text=True, check=False)
 
-    head = git("rev-parse", "HEAD")
-    if head.returncode != 0 and os.environ.get("NLQ_BENCH_COMMIT"):
-        # a copy of a checkout without its .git (e.g. a tree sent to a GPU machine): the
-        # sender names the clean commit the tree is a copy of
+    if os.environ.get("NLQ_BENCH_COMMIT"):
+        # a copy of a checkout whose .git is missing or not the tree's (e.g. a tree sent to a
+        # GPU machine): the sender names the clean commit the tree is a copy of
         return os.environ["NLQ_BENCH_COMMIT"], False
+    head = git("rev-parse", "HEAD")
     if head.returncode != 0:
         raise SystemExit(f"record: {root} is not a git checkout; a result must name its commit "
                          f"(or set NLQ_BENCH_COMMIT to the clean commit a copied tree is)")
