@@ -24,24 +24,24 @@ SMALL="linear,nonlinear,linear+compile,nonlinear+compile,linear+cudagraphs,nonli
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv | tee "$OUT_DIR/gpu.txt"
 
 t0=$(date +%s)
-timeout 200 "$PY" -m pytest -q -m gpu tests/test_gpu.py -p no:cacheprovider \
+timeout 150 "$PY" -m pytest -q -m gpu tests/test_gpu.py -p no:cacheprovider \
     > "$OUT_DIR/gpu_tests.log" 2>&1 &
 tests=$!
 warm() {  # shape variant: one step of it, to fill the compile caches
-    timeout 190 "$PY" "$BENCH" --child "$1" "$2" 1 > /dev/null 2>&1 || echo "warm-up $1 $2 failed"
+    timeout 145 "$PY" "$BENCH" --child "$1" "$2" 1 > /dev/null 2>&1 || echo "warm-up $1 $2 failed"
 }
 export -f warm
 export PY BENCH
 {
     for v in ${BIG//,/ }; do [[ $v == *compile* && $v != *ddp* ]] && echo "gpt3-small-gpu $v"; done
     for v in ${SMALL//,/ }; do [[ $v == *compile* || $v == *cudagraphs* ]] && echo "r1-gpu $v"; done
-} | timeout 200 xargs -P 4 -L 1 bash -c 'warm "$0" "$1"'
+} | timeout 150 xargs -P 4 -L 1 bash -c 'warm "$0" "$1"'
 wait $tests
 echo "tests exit $? after $(( $(date +%s) - t0 )) s"
 tail -5 "$OUT_DIR/gpu_tests.log"
 
-NLQ_BENCH_PROFILE=1 timeout 260 "$PY" "$BENCH" --shapes gpt3-small-gpu --variants "$BIG" \
+NLQ_BENCH_PROFILE=1 timeout 330 "$PY" "$BENCH" --shapes gpt3-small-gpu --variants "$BIG" \
     --repeats 1 --results-dir "$OUT_DIR" 2>&1 | tee "$OUT_DIR/bench_gpt3.log"
-timeout 90 "$PY" "$BENCH" --shapes r1-gpu --variants "$SMALL" --repeats 1 \
+timeout 100 "$PY" "$BENCH" --shapes r1-gpu --variants "$SMALL" --repeats 1 \
     --results-dir "$OUT_DIR" 2>&1 | tee "$OUT_DIR/bench_r1.log"
 echo "total $(( $(date +%s) - t0 )) s"

@@ -32,7 +32,8 @@ Modifiers after "+" change how a variant runs:
   +glibc      glibc's default malloc thresholds instead of nlq/train/alloc.py's;
   +compile    train.compile = true (torch.compile of the model with its loss, as one graph);
   +blocks     with +compile: every block compiled on its own instead (nlq's compile before);
-  +cudagraphs train.compile with compile_mode = "reduce-overhead" (CUDA graphs);
+  +cudagraphs torch.compile(mode="reduce-overhead") (CUDA graphs; not a train.compile_mode:
+              it failed in nlq's training loop, RESULTS.md, the GPU section);
   +modules    the model without nlq.model.apply_fast_paths: the CPU kernels, the fused QKV
               projection and the compiled query off, each module on its plain path;
   +ddp        under DDP in one process (the run is started with torchrun --nproc_per_node 1
@@ -153,9 +154,7 @@ def build(shape: str, variant: str):
         else base
     query = "linear" if query == "reference" else query
     cfg = load_config(preset, {**over, "model.query": query, "train.fused_adamw": True,
-                               "train.compile": "compile" in mods or "cudagraphs" in mods,
-                               "train.compile_mode": "reduce-overhead" if "cudagraphs" in mods
-                               else "default"})
+                               "train.compile": "compile" in mods or "cudagraphs" in mods})
     m, t = cfg.model, cfg.train
     dev = dist.resolve_device("auto", int(os.environ.get("LOCAL_RANK", "0")))
     torch.manual_seed(0)
@@ -204,7 +203,9 @@ def build(shape: str, variant: str):
             model.chunked_loss = True
     model = model.to(dev)
     if t.compile:
-        if "blocks" in mods:  # nlq's compile before: block by block
+        if "cudagraphs" in mods:
+            model.compile(mode="reduce-overhead")
+        elif "blocks" in mods:  # nlq's compile before: block by block
             for block in model.blocks:
                 block.compile()
         elif isinstance(model, Transformer):
@@ -237,7 +238,7 @@ def build(shape: str, variant: str):
         t0 = time.perf_counter()
         x, y = loader.get((i,), (i + 1,))
         t_load = time.perf_counter() - t0
-        if t.compile_mode == "reduce-overhead":
+        if "cudagraphs" in mods:
             torch.compiler.cudagraph_mark_step_begin()
         with amp:
             _, loss = wrapped(x, y, **kw)

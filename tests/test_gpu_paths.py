@@ -191,12 +191,14 @@ def test_compile_mode_is_checked():
     with pytest.raises(NlqError, match="train.compile_mode"):
         tiny_config("d", **{"train.compile": True, "train.compile_mode": "fastest"})
     with pytest.raises(NlqError, match="needs train.compile = true"):
-        tiny_config("d", **{"train.compile_mode": "reduce-overhead"})
+        tiny_config("d", **{"train.compile_mode": "max-autotune-no-cudagraphs"})
+    with pytest.raises(NlqError, match="train.compile_mode"):  # CUDA graphs: not offered
+        tiny_config("d", **{"train.compile": True, "train.compile_mode": "reduce-overhead"})
 
 
 @pytest.mark.parametrize("mode,parallel,world,scope", [
-    ("default", "ddp", "1", "model"), ("reduce-overhead", "ddp", "2", "model"),
-    ("default", "fsdp", "1", "model"), ("max-autotune", "fsdp", "2", "blocks"),
+    ("default", "ddp", "1", "model"), ("max-autotune-no-cudagraphs", "ddp", "2", "model"),
+    ("default", "fsdp", "1", "model"), ("max-autotune-no-cudagraphs", "fsdp", "2", "blocks"),
 ])
 def test_compile_model_scope_and_mode(monkeypatch, mode, parallel, world, scope):
     """train.compile compiles the whole model with its loss, block by block only under a
@@ -222,3 +224,23 @@ def test_gelu_is_the_erf_form():
     x = torch.linspace(-3, 3, 7)
     assert q.act.approximate == "none"
     torch.testing.assert_close(F.gelu(x, approximate=q.act.approximate), F.gelu(x))
+
+
+@pytest.mark.parametrize("reduction", ["mean", "none"])
+def test_plain_loss_under_autocast_is_the_fp32_loss_of_the_bf16_logits(reduction):
+    """Under bf16 autocast the plain path hands the bf16 logits to cross-entropy (autocast
+    runs it in fp32): the same loss, in fp32, as widening the logits first."""
+    m = Transformer(model_cfg(), seed=1)
+    m.chunked_loss = False
+    idx = torch.randint(0, 61, (3, 16), generator=torch.Generator().manual_seed(2))
+    y = idx.clone()
+    y[:, ::4] = -1
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        logits, loss = m(idx, y, reduction=reduction)
+        assert logits.dtype == torch.bfloat16
+        want = F.cross_entropy(logits.float().view(-1, 61), y.view(-1), ignore_index=-1,
+                               reduction="sum" if reduction == "mean" else "none")
+    if reduction == "mean":
+        want = want / (y != -1).sum()
+    assert loss.dtype == torch.float32
+    torch.testing.assert_close(loss, want.view_as(loss), rtol=1e-6, atol=1e-7)

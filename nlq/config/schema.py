@@ -99,9 +99,9 @@ class TrainConfig:
     training recipe"); off by default so that a run starts at once. Without it, on CUDA the
     paper's query alone is compiled (nlq/model/fast.py)."""
     compile_mode: str = "default"
-    """torch.compile's mode with train.compile: default | reduce-overhead (CUDA graphs: for
-    small models whose step is bound by kernel launches) | max-autotune |
-    max-autotune-no-cudagraphs."""
+    """torch.compile's mode with train.compile: default | max-autotune-no-cudagraphs (slower
+    to compile, tries more kernels). The CUDA-graph modes are not offered: they failed in
+    training (benchmarks/RESULTS.md, the GPU section)."""
     fused_adamw: bool = True
     """Use torch's fused AdamW kernel (CUDA and CPU); other devices reject it."""
     objective: str = "auto"

@@ -224,7 +224,11 @@ class Transformer(nn.Module):
         logits = self.lm_head(x)  # (B, T, V)
         loss = None
         if targets is not None:
-            wide = torch.promote_types(logits.dtype, torch.float32)  # bf16 logits -> fp32
+            # the loss in fp32 or wider: autocast runs cross-entropy so from the bf16 logits
+            # in its own kernels; without it, bf16 logits are widened here first (on a GPU the
+            # (B T, V) fp32 copy cost ~8% of an eager GPT-3 small step, benchmarks/RESULTS.md)
+            wide = (logits.dtype if torch.is_autocast_enabled(logits.device.type)
+                    else torch.promote_types(logits.dtype, torch.float32))
             loss = F.cross_entropy(
                 logits.to(wide).view(B * T, -1), targets.reshape(B * T),  # (B*T, V), (B*T,)
                 ignore_index=-1, reduction="sum" if reduction == "mean" else reduction,

@@ -275,8 +275,7 @@ def set_up(cfg: Config, files: RunDir, world: dist.World, device: torch.device,
 def compile_model(model: Transformer, t) -> None:
     """torch.compile in place: the whole model with its loss (one graph: the loss and the
     last block fuse, no graph boundary per block), or block by block under FSDP2, which
-    shards and gathers per block (as torchtitan compiles). train.compile_mode picks the mode
-    (reduce-overhead: CUDA graphs, for launch-bound small models)."""
+    shards and gathers per block (as torchtitan compiles), in train.compile_mode."""
     mode = None if t.compile_mode == "default" else t.compile_mode
     if t.parallel == "fsdp" and int(os.environ.get("WORLD_SIZE", "1")) > 1:
         for block in model.blocks:
@@ -345,10 +344,6 @@ def train_step(run: Run, step: int) -> tuple[float, float, float]:
     loss_sum = torch.zeros((), device=run.device)
     for i, micro in enumerate(micros):
         x, y = run.batches.train(step, micro)
-        if t.compile_mode in ("reduce-overhead", "max-autotune"):
-            # CUDA graphs replay into the same output buffers: a new iteration starts here,
-            # after the last one's loss was read
-            torch.compiler.cudagraph_mark_step_begin()
         with dist.grad_sync(run.wrapped, t.parallel, world, sync=i == len(micros) - 1):
             with run.autocast:
                 _, loss = run.wrapped(x, y, prefix_len=run.batches.prefix_len)
