@@ -215,11 +215,10 @@ def build(shape: str, variant: str):
     wrapped = model
     if "ddp" in mods:  # DDP even in one process: what the wrapper costs per GPU
         import torch.distributed as tdist
-        from torch.nn.parallel import DistributedDataParallel as DDP
 
         if not tdist.is_initialized():
             tdist.init_process_group("nccl" if dev.type == "cuda" else "gloo")
-        wrapped = DDP(model, device_ids=[dev.index] if dev.type == "cuda" else None)
+        wrapped = dist.ddp(model, dev)  # as nlq/train/dist.py wraps it
     opt = (make_optimizer(model, t, dev) if isinstance(model, Transformer) else
            torch.optim.AdamW(model.parameters(), lr=t.lr, betas=(t.beta1, t.beta2), fused=True))
     kw = {"return_logits": True} if "logits" in mods else {}

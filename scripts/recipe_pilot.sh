@@ -16,9 +16,13 @@ declare -A RECIPES=(
   [lr1.2e-2-wu500-min1e-4]="train.lr=1.2e-2 train.min_lr=1.2e-4 train.warmup_steps=500"
   [lr2.4e-2-wu100-clip0.5]="train.lr=2.4e-2 train.min_lr=2.4e-3 train.warmup_steps=100 train.grad_clip=0.5"
   [lr2.4e-2-wu100-b2.99]="train.lr=2.4e-2 train.min_lr=2.4e-3 train.warmup_steps=100 train.beta2=0.99"
+  # the chosen recipe with grad clip 0.5 / beta2 0.99: do they narrow it further?
+  [lr1.2e-2-wu500-min1e-4-clip0.5]="train.lr=1.2e-2 train.min_lr=1.2e-4 train.warmup_steps=500 train.grad_clip=0.5"
+  [lr1.2e-2-wu500-min1e-4-b2.99]="train.lr=1.2e-2 train.min_lr=1.2e-4 train.warmup_steps=500 train.beta2=0.99"
 )
 ORDER=(lr2.4e-2-wu100 lr2.4e-2-wu500 lr1.2e-2-wu500 lr6e-3-wu100 lr1.2e-2-wu500-min1e-4
-       lr2.4e-2-wu100-clip0.5 lr2.4e-2-wu100-b2.99)
+       lr2.4e-2-wu100-clip0.5 lr2.4e-2-wu100-b2.99 lr1.2e-2-wu500-min1e-4-clip0.5
+       lr1.2e-2-wu500-min1e-4-b2.99)
 [ "$#" -gt 0 ] && ORDER=("$@")
 for r in "${ORDER[@]}"; do
   [ -n "${RECIPES[$r]:-}" ] || { echo "recipe_pilot: unknown recipe $r" >&2; exit 2; }

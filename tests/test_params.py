@@ -268,3 +268,35 @@ def test_params_table_of_any_preset_and_experiment_file(tmp_path, monkeypatch):
     pct = round(100 * (counts["nonlinear"] - counts["identity"]) / counts["identity"], 3)
     assert [(r["name"], r["non_embedding"], r["vs_baseline_pct"]) for r in rows] == [
         ("identity", counts["identity"], 0.0), ("nonlinear", counts["nonlinear"], pct)]
+
+
+def test_a_new_arm_combination_is_one_table_entry(tmp_path):
+    """A combination no shipped arm has (the nonlinear query + RoPE + QK-norm) is one
+    [arms.<name>] table of existing keys, no code: its model has the parameter count of the
+    closed form (RoPE drops the position table, QK-norm adds two hs-gains per layer), and it
+    trains a few steps to a finite loss."""
+    from helpers import make_data
+
+    from nlq.train.loop import train
+
+    exp = tmp_path / "combo.toml"
+    exp.write_text('[arms.linear]\n\n[arms."nonlinear-rope-qknorm"]\nmodel.query = "nonlinear"\n'
+                   'model.pos_emb = "rope"\nmodel.qk_norm = true\n')
+    data = make_data(tmp_path / "data")
+    sets = {"model.vocab_size": 320, "model.block_size": 16, "model.n_layer": 2,
+            "model.n_head": 2, "model.d_model": 32, "model.mlp_hidden": 64,
+            "data.dir": str(data), "train.max_steps": 3, "train.micro_batch": 4,
+            "train.eval_interval": 3, "train.eval_batches": 1, "train.device": "cpu",
+            "train.test_eval": False}
+    arms = experiment_arms(load_experiment(exp), "tiny", sets)
+    lin, combo = arms["linear"].model, arms["nonlinear-rope-qknorm"].model
+    assert (combo.query, combo.pos_emb, combo.qk_norm) == ("nonlinear", "rope", True)
+    C, L, hs, r = combo.d_model, combo.n_layer, combo.head_dim, combo.d_model // 2
+    # W_Q (C^2) -> RMSNorm gain + W1 + W2 + LayerNorm (weight; no biases here); + q/k gains
+    per_layer = -C * C + (C + C * r + r * C + C) + 2 * hs
+    want = count_params(lin)[0] - combo.block_size * C + L * per_layer
+    model = Transformer(combo)
+    assert count_params(combo)[0] == want == model.num_params()
+    summary = train(arms["nonlinear-rope-qknorm"], tmp_path / "run", progress=False)
+    assert summary["status"] == "finished" and summary["step"] == 3
+    assert summary["params_total"] == want and torch.isfinite(torch.tensor(summary["val_loss"]))

@@ -7,39 +7,54 @@ nlq.data.schedule.TokenData.open reads.
 The split is by document and seeded (nlq/data/split.py; default seed 2357 and, for
 OpenWebText, val fraction 0.0005: the paper's nanoGPT recipe, docs/paper.md, "The training
 recipe"; the test split is as large as val by default). The same input and seed give
-byte-identical shards, whatever --workers is.
+byte-identical shards, whatever --workers is: the worker pool and its tasks are
+nlq/data/encode.py.
 
 Crash safety: the shards are written as *.tmp files and moved into place with meta.json last
 (nlq/data/shards.py), so an interrupted or failed run never leaves a folder that looks complete;
 Ctrl-C (or a failure) before that leaves DIR as it was, and a run killed outright leaves only
 *.tmp files, which the next run there removes. DIR must be new, empty or an nlq data dir (a
 folder of other files is refused: its train.bin would be someone else's), and a lock file in it
-(removed at the end) stops a second `nlq prepare` from writing there at the same time.
+(removed at the end) stops a second `nlq prepare` from writing there at the same time: those
+checks, and the reuse of a finished output, are nlq/data/outdir.py.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
-import multiprocessing as mp
 import os
-import signal
 import sys
-import threading
 import time
-from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 
 from nlq import __version__
 from nlq.data import sources, tokenizers
-from nlq.data.schedule import TokenData
+from nlq.data.encode import (
+    TASK_CHARS,
+    encode_all,
+    encode_task,
+    forget_tokenizers,
+    make_pool,
+    sigint_ignored,
+    tasks,
+    use_tokenizer,
+)
+from nlq.data.outdir import ARG_KEYS, LOCK, TMP_NAMES, check_ours, existing, lock_out
 from nlq.data.shards import ShardWriter, commit
 from nlq.data.split import PARTS, TRAIN, Split, split_docs
 from nlq.errors import NlqError
-from nlq.fsutil import Locked, lock, unlock
+from nlq.fsutil import unlock
+
+# the encoding (encode.py) and the output folder's checks (outdir.py) live beside prepare;
+# their names stay importable from here
+__all__ = ["ARG_KEYS", "DEFAULT_SEED", "DEFAULT_SOURCE", "DEFAULT_TOKENIZER", "LOCK",
+           "MAX_SEED", "MIN_SPLIT_TOKENS", "PAPER_VAL_FRACTION", "SMALL_VAL_FRACTION",
+           "TASK_CHARS", "TMP_NAMES", "default_out", "default_val_fraction", "dtype_for",
+           "encode_all", "encode_task", "make_pool", "prepare", "sigint_ignored", "tasks",
+           "write_shards"]
 
 DEFAULT_SOURCE = "embedded"
 DEFAULT_TOKENIZER = "bpe:8192"  # the tiny preset reads data/embedded-bpe8192
@@ -50,14 +65,7 @@ SMALL_VAL_FRACTION = 0.05  # 2 of the 38 embedded plays: enough text to evaluate
 # The shortest split we accept: one window of 256 tokens + 1 target. A floor that catches a
 # split too small to evaluate on; TokenData.check enforces each model's own block_size.
 MIN_SPLIT_TOKENS = 257
-TASK_CHARS = 1 << 18  # characters of text per worker task: small enough to balance 2 workers
-# The arguments that determine the output: a finished folder with other values is not redone
-# (or overwritten) without --force.
-ARG_KEYS = ("source", "tokenizer", "val_fraction", "test_fraction", "seed", "text_field")
 MAX_SEED = 2**63 - 1  # as train.seed and data.seed: any int64 >= 0 (numpy takes no negative)
-LOCK = ".nlq-prepare.lock"
-# what a run killed outright leaves in DIR (with the lock file); the next run removes them
-TMP_NAMES = (*(f"{name}.bin.tmp" for name in PARTS), "tokenizer.json.tmp", ".meta.json.tmp")
 
 
 def default_val_fraction(source: str) -> float:
@@ -70,162 +78,6 @@ def default_out(source: str, tokenizer: str) -> Path:
 
 def dtype_for(vocab_size: int) -> np.dtype:
     return np.dtype(np.uint16 if vocab_size <= 2**16 else np.uint32)
-
-
-# ---------------------------------------------------------------- worker tasks
-
-def tasks(docs: Iterator[tuple[str, bool]], chars: int | None = None) -> Iterator[list]:
-    """Group (text, part) pairs into worker tasks of about `chars` characters."""
-    chars = chars or TASK_CHARS
-    batch, size = [], 0
-    for doc in docs:
-        batch.append(doc)
-        size += len(doc[0])
-        if size >= chars:
-            yield batch
-            batch, size = [], 0
-    if batch:
-        yield batch
-
-
-# ---------------------------------------------------------------- workers
-
-_worker_tok: dict = {}  # per worker process: (spec, path) -> loaded tokenizer
-
-
-def _tokenizer(spec: str, path: str | None) -> tokenizers.Tokenizer:
-    key = (spec, path)
-    if key not in _worker_tok:
-        _worker_tok.clear()
-        _worker_tok[key] = tokenizers.load(spec, path)
-    return _worker_tok[key]
-
-
-@contextlib.contextmanager
-def sigint_ignored():
-    """Ctrl-C is ignored inside: while a pool forks its workers (they inherit it, so only
-    this process answers Ctrl-C: no traceback from every worker) and while commit renames
-    files (stopping between two renames would leave neither the old output nor the new)."""
-    if threading.current_thread() is not threading.main_thread():  # signal needs the main one
-        yield
-        return
-    before = signal.signal(signal.SIGINT, signal.SIG_IGN)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, before)
-
-
-def _init_worker(spec: str, path: str | None) -> None:
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # also in a worker the pool starts later
-    # gpt2: load now, while the parent is still reading the corpus. A pool respawns a worker
-    # whose initializer raises, forever, so a failure is left for the first task to raise.
-    if path is None:
-        with contextlib.suppress(Exception):
-            _tokenizer(spec, path)
-
-
-def encode_task(job: tuple, batch: list):
-    """One task. job = (tokenizer spec, tokenizer.json path or None, dtype name, the
-    source's clean function or None); batch = [(raw doc, part)]. Returns (ids per part,
-    documents per part, UTF-8 bytes of text), each document's ids followed by the end-of-text
-    id, as arrays of dtype."""
-    spec, path, dtype, clean = job
-    tok = _tokenizer(spec, path)
-    if clean is not None:
-        batch = [(t, v) for t, v in ((clean(d), v) for d, v in batch) if t.strip()]
-    texts = [t for t, _ in batch]
-    ids = tok.encode(texts)
-    eot = np.array([tok.eot_id], dtype=np.uint32)
-    parts = [[] for _ in PARTS]
-    for a, (_, part) in zip(ids, batch):
-        parts[part] += [a, eot]
-    arrs = [np.concatenate(p).astype(dtype) if p else np.zeros(0, dtype) for p in parts]
-    n_bytes = sum(len(t) if t.isascii() else len(t.encode("utf-8")) for t in texts)
-    n_docs = [sum(p == i for _, p in batch) for i in range(len(PARTS))]
-    return arrs, n_docs, n_bytes
-
-
-def encode_all(job: tuple, task_iter: Iterator[list], workers: int,
-               pool=None) -> Iterator[tuple]:
-    """encode_task over all tasks, results in task order. With a pool, at most 4 tasks per
-    worker are in flight, so a streamed corpus never sits in memory and stopping early (an
-    error, Ctrl-C) waits for those few only."""
-    if pool is None:
-        for batch in task_iter:
-            yield encode_task(job, batch)
-        return
-    pending = deque()
-    for batch in task_iter:
-        pending.append(pool.apply_async(encode_task, (job, batch)))
-        if len(pending) >= 4 * workers:
-            yield pending.popleft().get()
-    while pending:
-        yield pending.popleft().get()
-
-
-def make_pool(workers: int, spec: str, path: str | None):
-    # fork starts workers in milliseconds. HF tokenizers warns in a child forked after its
-    # threads ran (e.g. an earlier prepare in this process) unless parallelism is configured.
-    method = "fork" if "fork" in mp.get_all_start_methods() else "spawn"
-    before = os.environ.get("TOKENIZERS_PARALLELISM")
-    os.environ["TOKENIZERS_PARALLELISM"] = "false"
-    try:
-        with sigint_ignored():
-            return mp.get_context(method).Pool(workers, _init_worker, (spec, path))
-    finally:
-        if before is None:
-            del os.environ["TOKENIZERS_PARALLELISM"]
-        else:
-            os.environ["TOKENIZERS_PARALLELISM"] = before
-
-
-# ---------------------------------------------------------------- an earlier output
-
-def _check_ours(out: Path) -> None:
-    """Refuse a folder of other files: its train.bin or tokenizer.json would be replaced.
-    nlq's own are empty, hold a data dir's meta.json, or hold the lock file (a prepare runs
-    there, or was killed there)."""
-    names = {p.name for p in out.iterdir()}
-    if not names or LOCK in names:
-        return
-    with contextlib.suppress(OSError, ValueError):  # ValueError: not JSON, not UTF-8
-        meta = json.loads((out / "meta.json").read_text())
-        if isinstance(meta, dict) and {"tokenizer", "vocab_size", "dtype"} <= meta.keys():
-            return
-    raise NlqError(f"--out {out} holds other files and is not an nlq data dir (no meta.json "
-                   f"from nlq prepare): nothing was written; choose a new or empty folder")
-
-
-def _lock(out: Path) -> int:
-    try:
-        return lock(out / LOCK)
-    except Locked as e:
-        raise NlqError(f"{out} is being written by another nlq prepare (pid {e.pid}); wait for "
-                       f"it to finish or choose another --out") from None
-
-
-def _existing(out: Path, args: dict) -> dict | None:
-    """meta of a finished output made with the same args; None if there is nothing finished
-    there; an error if it was made with other args (nothing is overwritten without --force)."""
-    meta_path = out / "meta.json"
-    if not meta_path.is_file():
-        return None
-    try:
-        meta = json.loads(meta_path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        raise NlqError(f"{meta_path} exists but is not valid JSON: not overwriting it (use "
-                       f"--force or another --out)") from None
-    diff = [k for k in ARG_KEYS if meta.get(k) != args[k]]
-    if diff:
-        was = ", ".join(f"{k} {meta.get(k)!r} (now {args[k]!r})" for k in diff)
-        raise NlqError(f"{out} was prepared with other arguments: {was}; use --force to "
-                       f"replace it or choose another --out")
-    try:
-        TokenData.open(out)
-    except NlqError:
-        return None  # same args but damaged shards: redo them
-    return meta
 
 
 # ---------------------------------------------------------------- prepare
@@ -262,12 +114,12 @@ def prepare(source: str = DEFAULT_SOURCE, tokenizer: str = DEFAULT_TOKENIZER,
     held = None
     try:
         if not created:
-            _check_ours(out)
+            check_ours(out)
         out.mkdir(parents=True, exist_ok=True)
-        held = _lock(out)
+        held = lock_out(out)
         for name in TMP_NAMES:  # left by a run that was killed outright
             (out / name).unlink(missing_ok=True)
-        done = None if force else _existing(out, args)
+        done = None if force else existing(out, args)
         if done is not None:
             log(f"{out}: already prepared ({done['train_tokens']:,} train / "
                 f"{done['val_tokens']:,} val tokens); nothing to do (--force redoes it)")
@@ -319,8 +171,7 @@ def _write(out: Path, args: dict, workers: int, command: list[str] | None,
         # gpt2's vocab and ids are class constants: with workers, this process skips the load.
         tok = tokenizers.Gpt2 if kind == "gpt2" and pool else tokenizers.load(tokenizer, tok_path)
         if pool is None:
-            _worker_tok.clear()
-            _worker_tok[(tokenizer, tok_path)] = tok
+            use_tokenizer(tokenizer, tok_path, tok)
         names = PARTS if test_fraction > 0 else PARTS[:2]
         for name in names:
             writers.append(ShardWriter(out / f"{name}.bin"))
@@ -374,7 +225,7 @@ def _write(out: Path, args: dict, workers: int, command: list[str] | None,
                     (out / name).unlink(missing_ok=True)
         raise
     finally:
-        _worker_tok.clear()
+        forget_tokenizers()
 
 
 def write_shards(src: sources.Source, split: Split, tok, tok_key: tuple,
@@ -387,10 +238,13 @@ def write_shards(src: sources.Source, split: Split, tok, tok_key: tuple,
 
     counts = {name: 0 for name in PARTS} | {"bytes": 0}
     job = (*tok_key, dtype_for(tok.vocab_size).name, src.clean)
+    # encode_task and TASK_CHARS by this module's names: a caller (the tests) may swap them
+    # here, e.g. for a task that fails midway or for smaller tasks
     with tqdm(total=src.n_bytes, unit="B", unit_scale=True, desc="tokenizing",
               disable=None if progress is None else not progress) as bar:
         for arrs, n_docs, n_bytes in encode_all(
-                job, tasks(split_docs(src.iterate(), split)), workers, pool):
+                job, tasks(split_docs(src.iterate(), split), TASK_CHARS), workers, pool,
+                encode_task):
             for w, arr in zip(writers, arrs):  # no test writer: the test part is empty
                 w.write(arr)
             for name, n in zip(PARTS, n_docs):

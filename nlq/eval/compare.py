@@ -23,14 +23,11 @@ import json
 
 import numpy as np
 
+from nlq import runfiles
 from nlq.eval.bootstrap import paired_bootstrap
-from nlq.eval.runs import Run
+from nlq.eval.runs import Run, final
 from nlq.eval.stats import LEVEL, mean_ci, paired
 from nlq.extras import need
-
-
-def _final(runs: list[Run]) -> dict:
-    return {r.seed: r.final_loss for r in runs}
 
 
 def test_units(runs: list[Run]) -> tuple[list[np.ndarray] | None, str]:
@@ -40,7 +37,7 @@ def test_units(runs: list[Run]) -> tuple[list[np.ndarray] | None, str]:
     files = []
     for r in runs:
         try:
-            files.append(json.loads((r.dir / "test_docs.json").read_text()))
+            files.append(json.loads((r.dir / runfiles.TEST_DOCS).read_text()))
         except (OSError, ValueError):  # missing, not JSON
             return None, "documents"
     sizes = {f.get("chunk_size") if isinstance(f, dict) else None for f in files}
@@ -61,7 +58,7 @@ def compare(arm: str, against: str, by_arm: dict[str, list[Run]], test: bool,
     if arm not in by_arm or against not in by_arm:
         out["problem"] = f"no finished run of {arm if arm not in by_arm else against}"
         return out
-    pair = paired(_final(by_arm[arm]), _final(by_arm[against]))
+    pair = paired(final(by_arm[arm]), final(by_arm[against]))
     out["n_seeds"] = pair.n
     if pair.n < 2:
         out["problem"] = f"{pair.n} paired seed(s): an interval needs at least 2"

@@ -14,11 +14,12 @@ import json
 import shutil
 from pathlib import Path
 
+from nlq import runfiles
 from nlq.errors import NlqError
 
 FOLDER_FILES = ("experiment.toml", "lrs.json", "report.md", "report.json", "fig1.png",
                 "sweep.json", "sweep.png", "sweep-plan.json")
-RUN_FILES = ("arm.json", "config.toml", "summary.json", "test_docs.json")
+RUN_FILES = (runfiles.ARM, runfiles.CONFIG, runfiles.SUMMARY, runfiles.TEST_DOCS)
 KEPT_METRICS = ("meta", "eval", "spike")
 
 
@@ -41,7 +42,7 @@ def export_results(src: str | Path, dest: str | Path) -> list[Path]:
     for name in FOLDER_FILES:
         if (src / name).is_file():
             written.append(Path(shutil.copy2(src / name, dest / name)))
-    for summary in sorted((src / "runs").rglob("summary.json")):
+    for summary in sorted((src / "runs").rglob(runfiles.SUMMARY)):
         run = summary.parent
         out = dest / run.relative_to(src)
         out.mkdir(parents=True, exist_ok=True)
@@ -49,12 +50,12 @@ def export_results(src: str | Path, dest: str | Path) -> list[Path]:
             if (run / name).is_file():
                 written.append(Path(shutil.copy2(run / name, out / name)))
         try:  # bytes that are not UTF-8 (a torn write) are read as U+FFFD
-            text = (run / "metrics.jsonl").read_text(encoding="utf-8", errors="replace")
+            text = (run / runfiles.METRICS).read_text(encoding="utf-8", errors="replace")
         except FileNotFoundError:
             text = ""
         lines = [ln for ln in text.splitlines() if ln.strip() and _kind(ln) in KEPT_METRICS]
-        (out / "metrics.jsonl").write_text("".join(ln + "\n" for ln in lines))
-        written.append(out / "metrics.jsonl")
+        (out / runfiles.METRICS).write_text("".join(ln + "\n" for ln in lines))
+        written.append(out / runfiles.METRICS)
     return written
 
 

@@ -19,7 +19,7 @@ its arm and seed (nlq/eval/runs.py), never counted as a seed. From them:
 - each verdict and the control status recomputed with the replicated seeds' primaries
   swapped for their replicates (one swap per replicate thread count). A verdict that
   changes does not survive a change of summation order, and the report gives it as no
-  finding (nlq/eval/summary.py).
+  finding (nlq/eval/verdicts.py).
 """
 
 from __future__ import annotations

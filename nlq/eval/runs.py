@@ -21,6 +21,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from nlq import runfiles
 from nlq.config import Config, load_config
 from nlq.errors import NlqError
 
@@ -77,7 +78,7 @@ class Run:
         """summary.json's record of what summed the run's floats ("threads", "isa", "cpu":
         nlq/sysinfo.py machine_record), None for a run that predates it."""
         v = (self.summary or {}).get(key)
-        ok = _is_int(v) if key == "threads" else isinstance(v, str)
+        ok = runfiles.is_int(v) if key == "threads" else isinstance(v, str)
         return v if ok else None
 
     @property
@@ -91,6 +92,11 @@ class Run:
         return (self.arm, self.seed, tag)
 
 
+def final(runs: list[Run]) -> dict:
+    """{seed: final loss} of an arm's runs: what paired comparisons pair by seed."""
+    return {r.seed: r.final_loss for r in runs}
+
+
 def find_runs(paths: Iterable[str | Path]) -> list[Path]:
     """Run folders (those holding config.toml) given run folders or experiment folders
     (runs/<arm>/seed<k>/ below them, or any run folder up to 3 levels down)."""
@@ -100,7 +106,7 @@ def find_runs(paths: Iterable[str | Path]) -> list[Path]:
             raise NlqError(f"run dir not found: {p}")
         if not p.is_dir():
             raise NlqError(f"{p} is not a folder (expected a run dir or an experiment dir)")
-        if (p / "config.toml").is_file():
+        if (p / runfiles.CONFIG).is_file():
             found[p.resolve()] = None
             continue
         below = sorted(c.parent for depth in ("*", "*/*", "*/*/*")
@@ -114,39 +120,37 @@ def find_runs(paths: Iterable[str | Path]) -> list[Path]:
 
 
 def read_run(d: Path) -> Run:
-    arm_info = read_json(d / "arm.json")
+    arm_info = read_json(d / runfiles.ARM)
     arm = str(arm_info.get("arm") or d.parent.name) if isinstance(arm_info, dict) else d.parent.name
     info = arm_info if isinstance(arm_info, dict) else {}
     text = {k: v for k, v in info.items() if k in ("label", "experiment") and isinstance(v, str)}
     run = Run(dir=d, arm=arm, seed="?", replicate=info.get("replicate") is True, **text)
     if arm_info is BAD:
         run.notes.append("arm.json is not valid JSON: arm taken from the folder name")
-    if "seed_index" in info and not _is_int(info["seed_index"]):
+    if "seed_index" in info and not runfiles.is_int(info["seed_index"]):
         run.notes.append(f"arm.json seed_index {info.pop('seed_index')!r} is not an integer: "
                          f"seed taken from train.seed")
     try:
-        run.cfg = load_config(d / "config.toml")
+        run.cfg = load_config(d / runfiles.CONFIG)
     except NlqError as e:
         run.problem = f"config.toml unreadable: {e}"
         return run
     run.seed = info.get("seed_index", run.cfg.train.seed)
-    run.evals, bad = _read_evals(d / "metrics.jsonl")
+    run.evals, bad = _read_evals(d / runfiles.METRICS)
     if bad:
         run.notes.append(f"{bad} unreadable line(s) in metrics.jsonl skipped")
-    summary = read_json(d / "summary.json")
-    if summary is None:
+    summary, why = runfiles.read_summary(d)  # the one reader of a run's summary
+    if why is not None:
+        run.problem = f"summary.json {why}"
+    elif summary is None:
         at = f" (last eval at step {run.last_step})" if run.evals else " (no eval logged)"
         run.problem = "no summary.json: not finished" + at
-    elif summary is BAD or not isinstance(summary, dict):
-        run.problem = "summary.json is unreadable or not a JSON object"
-    elif summary.get("status") != "finished":
-        run.problem = f"summary.json status is {summary.get('status')!r}, not 'finished'"
     elif not isinstance(summary.get("val_loss"), (int, float)) or isinstance(
             summary["val_loss"], bool) or not math.isfinite(summary["val_loss"]):
         run.problem = (f"finished, but summary.json val_loss is {summary.get('val_loss')!r}, "
                        f"not a finite number (diverged?)")
     else:
-        run.summary = summary = _checked_summary(summary, run.notes)
+        run.summary = summary = runfiles.checked_summary(summary, run.notes)
         if not run.evals:
             run.notes.append("no eval lines in metrics.jsonl: not drawn in Fig. 1")
         elif run.evals[-1][0] == summary.get("step") and not math.isclose(
@@ -154,30 +158,6 @@ def read_run(d: Path) -> Run:
             run.notes.append(f"final eval in metrics.jsonl ({run.evals[-1][1]:.6g}) differs "
                              f"from summary.json val_loss ({summary['val_loss']:.6g})")
     return run
-
-
-# summary.json keys the report reads as numbers (nlq/train/loop.py, finish())
-SUMMARY_INTS = ("step", "tokens", "n_spikes", "params_total", "params_non_embedding",
-                "test_docs", "test_tokens", "warmup_steps", "world_size")
-SUMMARY_FLOATS = ("test_loss", "test_ppl", "val_ppl", "elapsed_s", "tok_per_s")
-
-
-def _checked_summary(summary: dict, notes: list[str]) -> dict:
-    """summary without the keys whose values are not what the trainer writes (a hand-edited
-    or foreign file), each named in notes: the report reads them as numbers."""
-    bad = [k for k in SUMMARY_INTS if k in summary and not _is_int(summary[k])]
-    bad += [k for k in SUMMARY_FLOATS if k in summary and (
-        not isinstance(summary[k], (int, float)) or isinstance(summary[k], bool))]
-    if "spikes" in summary and not (isinstance(summary["spikes"], list) and all(
-            isinstance(x, dict) for x in summary["spikes"])):
-        bad.append("spikes")
-    if bad:
-        notes.append(f"summary.json: {', '.join(f'{k} = {summary[k]!r}' for k in bad)} "
-                     f"ignored (not what nlq writes)")
-    if "test_loss" in summary and "test_tokens" not in summary and "test_loss" not in bad:
-        bad.append("test_loss")  # a test loss is reported with its token count
-        notes.append("summary.json: test_loss without test_tokens ignored")
-    return {k: v for k, v in summary.items() if k not in bad}
 
 
 BAD = object()  # marker: the file exists but cannot be read as JSON
@@ -215,15 +195,11 @@ def _read_evals(path: Path) -> tuple[list[tuple[int, float]], int]:
         if rec.get("kind") != "eval":
             continue
         step, loss = rec.get("step"), rec.get("val_loss")
-        if not _is_int(step) or not isinstance(loss, (int, float)) or isinstance(loss, bool):
+        if not runfiles.is_int(step) or not isinstance(loss, (int, float)) or isinstance(loss, bool):
             bad += 1  # an eval line without an integer step and a numeric val_loss
             continue
         by_step[step] = float(loss)
     return sorted(by_step.items()), bad
-
-
-def _is_int(v) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
 
 
 def collect(run_dirs: Iterable[str | Path]) -> list[Run]:
@@ -235,7 +211,7 @@ def collect(run_dirs: Iterable[str | Path]) -> list[Run]:
             key = r.run_key
             if key in seen:
                 what = "replicates" if r.replicate else "runs"
-                at = f" ({'threads ' * _is_int(key[2])}{key[2]})" if r.replicate else ""
+                at = f" ({'threads ' * runfiles.is_int(key[2])}{key[2]})" if r.replicate else ""
                 raise NlqError(f"arm {r.arm!r} has two finished {what} with seed {r.seed!r}"
                                f"{at}: {seen[key]} and {r.dir} (pass only one of them)")
             seen[key] = r.dir

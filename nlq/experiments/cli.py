@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from nlq import runfiles
 from nlq.sysinfo import check_threads, cores
 
 # ---------------------------------------------------------------------------------------
@@ -218,7 +219,7 @@ def run_report(args) -> int:
     from nlq.experiments.experiment import load_experiment
 
     dirs = [Path(d) for d in args.run_dirs]
-    single_exp = len(dirs) == 1 and dirs[0].is_dir() and not (dirs[0] / "config.toml").exists()
+    single_exp = len(dirs) == 1 and dirs[0].is_dir() and not (dirs[0] / runfiles.CONFIG).exists()
     out = Path(args.out) if args.out else (dirs[0] if single_exp else Path("report"))
     title = args.title or (f"nlq report: {dirs[0].resolve().name}" if single_exp else "nlq report")
     claims = load_experiment(args.experiment).claims if args.experiment else None
@@ -244,7 +245,7 @@ def run_export(args) -> int:
 
     files = export_results(args.src, args.dest)
     size = sum(f.stat().st_size for f in files)
-    runs = sum(f.name == "summary.json" for f in files)
+    runs = sum(f.name == runfiles.SUMMARY for f in files)
     if any(f.name == "study.json" for f in files):
         again = f"; `nlq report {args.dest}/<rung>/compare` rebuilds a rung's report"
     elif any(f.name == "report.json" for f in files):

@@ -23,6 +23,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from nlq import runfiles
 from nlq.config import Config, flatten, load_config
 from nlq.errors import NlqError
 from nlq.eval.claims import EXPERIMENT_FILE
@@ -30,7 +31,7 @@ from nlq.eval.report import build_report, print_summary
 from nlq.experiments.experiment import Experiment, experiment_arms, experiment_toml, load_experiment
 from nlq.fsutil import write_atomic
 from nlq.model.params import count_params, flops_per_token
-from nlq.train.rundir import read_summary
+from nlq.runfiles import read_summary
 
 # How `nlq reproduce` prepares each preset's data dir when it is missing.
 PRESET_DATA = {
@@ -160,8 +161,8 @@ def _run_state(spec: RunSpec) -> str:
     naming the keys that differ: its numbers would answer another question."""
     d = spec.run_dir
     summary, why = read_summary(d)
-    if (d / "config.toml").is_file():
-        diff = config_diff(load_config(d / "config.toml"), spec.cfg)
+    if (d / runfiles.CONFIG).is_file():
+        diff = config_diff(load_config(d / runfiles.CONFIG), spec.cfg)
         if diff:
             what = "; ".join(f"{k} = {a!r} there, {b!r} now" for k, a, b in diff[:4])
             more = f" and {len(diff) - 4} more" if len(diff) > 4 else ""
@@ -173,7 +174,7 @@ def _run_state(spec: RunSpec) -> str:
                        f"checked against this plan; use another --out, or remove {d}")
     if summary is not None:
         return "finished"
-    saved = any((d / "ckpt").glob("step_*"))
+    saved = any((d / runfiles.CKPT).glob("step_*"))
     if why is not None and not saved:
         raise NlqError(f"{d / 'summary.json'} {why}, and {d} holds no checkpoint to recompute "
                        f"it from: restore the file, or remove {d} to train the run again")
@@ -194,7 +195,7 @@ def config_diff(a: Config, b: Config) -> list[tuple[str, object, object]]:
 def _last_step(run_dir: Path) -> int:
     """The last logged step of a running run (for the progress bar only)."""
     try:
-        with open(run_dir / "metrics.jsonl", "rb") as f:
+        with open(run_dir / runfiles.METRICS, "rb") as f:
             f.seek(0, 2)
             f.seek(max(0, f.tell() - 4096))
             lines = f.read().decode("utf-8", "replace").splitlines()
@@ -226,7 +227,7 @@ def run_all(specs: list[RunSpec], exp: Experiment, jobs: int, out: Path,
             shutil.rmtree(s.run_dir, ignore_errors=True)  # a start that never checkpointed
             s.run_dir.mkdir(parents=True)
             rep = {"replicate": True} if s.replicate else {}
-            write_atomic(s.run_dir / "arm.json", json.dumps(
+            write_atomic(s.run_dir / runfiles.ARM, json.dumps(
                 {"experiment": exp.name, "arm": s.arm, "seed_index": s.seed_index, **rep}))
             cmd = ["train", str(cfg_path), "--out", str(s.run_dir)]
         else:
@@ -250,7 +251,7 @@ def run_all(specs: list[RunSpec], exp: Experiment, jobs: int, out: Path,
                          + queue[0][0].threads <= budget):
             s, cmd = queue.pop(0)
             # open while the run lives: closed when it ends, below; never through a symlink
-            log = os.fdopen(os.open(s.run_dir / "train.log", os.O_WRONLY | os.O_APPEND |
+            log = os.fdopen(os.open(s.run_dir / runfiles.TRAIN_LOG, os.O_WRONLY | os.O_APPEND |
                                     os.O_CREAT | os.O_NOFOLLOW, 0o666), "a")
             # the run sets its own pool (train.threads); OpenMP outside torch's pool agrees
             env = {**os.environ, "OMP_NUM_THREADS": str(s.threads)}
@@ -270,7 +271,7 @@ def run_all(specs: list[RunSpec], exp: Experiment, jobs: int, out: Path,
             summ = read_summary(s.run_dir)[0] if p.returncode == 0 else None
             if summ is None:  # failed, or stopped by a signal before it finished
                 failed.append(f"{s.arm}/{s.run_dir.name}")
-                tail = (s.run_dir / "train.log").read_text(errors="replace").strip()
+                tail = (s.run_dir / runfiles.TRAIN_LOG).read_text(errors="replace").strip()
                 bar.write(f"reproduce: {s.arm} {s.run_dir.name} failed (exit "
                           f"{p.returncode}): {tail.splitlines()[-1] if tail else ''}")
             else:

@@ -23,6 +23,7 @@ import time
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
+from nlq import runfiles
 from nlq.config import load_config, read_toml
 from nlq.config.load import preset_names
 from nlq.errors import NlqError
@@ -176,7 +177,7 @@ def rung_cost(ladder: Ladder, rung: Rung, out: Path) -> dict:
     t = c.train
     tokens = t.max_steps * t.micro_batch * t.grad_accum * c.model.block_size
     flops = sum(flops_per_token(cfgs[a].model) for a in arms) / len(arms) * tokens * runs
-    done = sum(1 for _ in (out / rung.name).rglob("summary.json")) if out.is_dir() else 0
+    done = sum(1 for _ in (out / rung.name).rglob(runfiles.SUMMARY)) if out.is_dir() else 0
     return {"runs": runs, "done": min(done, runs), "tokens_per_run": tokens, "flops": flops,
             "cfg": c}
 

@@ -10,10 +10,11 @@ import json
 import sys
 from pathlib import Path
 
+from nlq import runfiles
 from nlq.extras import need
 from nlq.fsutil import write_atomic
+from nlq.runfiles import read_summary
 from nlq.sysinfo import cpu_name
-from nlq.train.rundir import read_summary
 
 
 def rung_rows(ladder, out: Path) -> list[dict]:
@@ -60,7 +61,7 @@ def rung_rows(ladder, out: Path) -> list[dict]:
 def _cost(rung_dir: Path) -> dict:
     """The rung's finished runs (sweep and seeds) and their summed training seconds (two at a
     time on CPU: the wall time is about half)."""
-    summaries = [read_summary(p.parent)[0] for p in rung_dir.rglob("summary.json")]
+    summaries = [read_summary(p.parent)[0] for p in rung_dir.rglob(runfiles.SUMMARY)]
     secs = [s.get("elapsed_s") if isinstance(s.get("elapsed_s"), (int, float)) else 0.0
             for s in summaries if s is not None]  # a broken summary is not a finished run
     return {"runs": len(secs), "run_seconds": round(sum(secs))}

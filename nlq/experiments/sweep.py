@@ -36,7 +36,7 @@ from nlq.errors import NlqError
 from nlq.experiments.experiment import load_experiment
 from nlq.experiments.reproduce import RunSpec, ensure_data, plan, run_all, run_states
 from nlq.fsutil import write_atomic
-from nlq.train.rundir import read_summary
+from nlq.runfiles import read_summary
 
 PLAN_FILE, RESULT_FILE, FIGURE_FILE = "sweep-plan.json", "sweep.json", "sweep.png"
 SEED_OFFSET = 1000  # a sweep's seed indices start here: reproduce's seeds 0..N-1 stay unseen

@@ -1,10 +1,7 @@
 """nlq's linear arm is GPT-2 (tests/test_model_hf_parity.py): its weights as a
 `transformers.GPT2LMHeadModel` with the same logits, in memory or as a folder that
-`GPT2LMHeadModel.from_pretrained` loads.
-
-Mapping: HF Conv1D stores weights as (in, out), nn.Linear as (out, in): transpose. HF fuses
-c_attn = [q | k | v] along the output dim; nlq keeps q (attn.q.proj), k_proj, v_proj apart.
-A model without biases gets zero biases (HF GPT-2 always has them): the same function."""
+`GPT2LMHeadModel.from_pretrained` loads. The name and layout map is names.py's (one map for
+both directions); a model without biases gets zero biases (HF GPT-2 always has them)."""
 
 from __future__ import annotations
 
@@ -14,6 +11,7 @@ from pathlib import Path
 import torch
 
 from nlq.errors import NlqError
+from nlq.hf.names import is_buffer, to_hf
 
 
 def check_gpt2(cfg) -> None:
@@ -47,31 +45,8 @@ def gpt2_config(cfg):
 
 
 def gpt2_state_dict(model) -> dict[str, torch.Tensor]:
-    """nlq weights -> GPT2LMHeadModel's state dict names and layouts."""
-    cfg, sd = model.cfg, model.state_dict()
-    C = cfg.d_model
-
-    def bias(name: str, n: int) -> torch.Tensor:
-        return sd.get(name, torch.zeros(n))
-
-    out = {"transformer.wte.weight": sd["wte.weight"], "transformer.wpe.weight": sd["wpe.weight"],
-           "transformer.ln_f.weight": sd["ln_f.weight"],
-           "transformer.ln_f.bias": bias("ln_f.bias", C),
-           "lm_head.weight": sd["lm_head.weight"]}
-    for i in range(cfg.n_layer):
-        p, h = f"blocks.{i}.", f"transformer.h.{i}."
-        qkv = ("attn.q.proj", "attn.k_proj", "attn.v_proj")
-        out[h + "attn.c_attn.weight"] = torch.cat([sd[p + n + ".weight"] for n in qkv]).T  # (C, 3C)
-        out[h + "attn.c_attn.bias"] = torch.cat([bias(p + n + ".bias", C) for n in qkv])
-        for ours, theirs, n_out in (("attn.o_proj", "attn.c_proj", C),
-                                    ("mlp.fc", "mlp.c_fc", cfg.mlp_width),
-                                    ("mlp.proj", "mlp.c_proj", C)):
-            out[h + theirs + ".weight"] = sd[p + ours + ".weight"].T  # (in, out)
-            out[h + theirs + ".bias"] = bias(p + ours + ".bias", n_out)
-        for ln in ("ln_1", "ln_2"):
-            out[h + ln + ".weight"] = sd[p + ln + ".weight"]
-            out[h + ln + ".bias"] = bias(p + ln + ".bias", C)
-    return {k: v.detach().clone().contiguous() for k, v in out.items()}
+    """nlq weights -> GPT2LMHeadModel's state dict names and layouts, in their own memory."""
+    return {k: v.detach().clone() for k, v in to_hf(model.state_dict(), model.cfg.n_layer).items()}
 
 
 def to_gpt2(model):
@@ -84,7 +59,7 @@ def to_gpt2(model):
     hf = transformers.GPT2LMHeadModel(gpt2_config(model.cfg)).eval()
     missing, unexpected = hf.load_state_dict(gpt2_state_dict(model), strict=False)
     # HF may keep non-persistent attention-mask buffers; every weight must have been set
-    missing = [k for k in missing if not k.endswith((".attn.bias", ".attn.masked_bias"))]
+    missing = [k for k in missing if not is_buffer(k)]
     if missing or unexpected:
         raise NlqError(f"GPT-2 mapping left {missing[:3]} unset, {unexpected[:3]} unused")
     return hf

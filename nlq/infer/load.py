@@ -15,6 +15,7 @@ from pathlib import Path
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 
+from nlq import runfiles
 from nlq.config import load_config, model_config_from_dict
 from nlq.data.tokenizers import Tokenizer, load
 from nlq.errors import NlqError
@@ -46,8 +47,8 @@ def load_trained(path: str | Path, step: int | None = None) -> Loaded:
     p = Path(path)
     if not p.exists():
         raise NlqError(f"{p} does not exist: give a run dir, a checkpoint dir or a saved model")
-    if (p / "config.toml").is_file():  # a run dir
-        cfg = load_config(p / "config.toml")
+    if (p / runfiles.CONFIG).is_file():  # a run dir
+        cfg = load_config(p / runfiles.CONFIG)
         check_inference_fits(cfg.model, str(p))  # before hashing a checkpoint too large
         ck, state = chosen(p, step)
         return _from_checkpoint(ck, state, Path(cfg.data.dir))
@@ -60,8 +61,8 @@ def load_trained(path: str | Path, step: int | None = None) -> Loaded:
             raise NlqError(f"--step {step}: checkpoint {p} is of step {state['step']} (give "
                            f"the run dir to choose a step)")
         run = p.parent.parent
-        data = Path(load_config(run / "config.toml").data.dir) if (
-            run / "config.toml").is_file() else None
+        data = Path(load_config(run / runfiles.CONFIG).data.dir) if (
+            run / runfiles.CONFIG).is_file() else None
         return _from_checkpoint(p, state, data)
     if (p / "config.json").is_file():
         try:
@@ -121,8 +122,8 @@ def run_config(path: str | Path):
     """The Config of the run a run dir or checkpoint dir belongs to, or None."""
     p = Path(path)
     for d in (p, p.parent.parent):
-        if (d / "config.toml").is_file():
-            return load_config(d / "config.toml")
+        if (d / runfiles.CONFIG).is_file():
+            return load_config(d / runfiles.CONFIG)
     return None
 
 

@@ -31,6 +31,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
+from nlq import runfiles
 from nlq.config import Config, flatten, from_dict
 from nlq.errors import NlqError
 from nlq.fsutil import fsync, write_atomic
@@ -90,7 +91,7 @@ def save(run_dir: Path, step: int, model_sd: dict, optim_flat: dict, state: dict
     runs after each stage of the write (the crash tests kill the process there,
     nlq/train/faults.py)."""
     stage = on_stage or (lambda _name: None)
-    root = run_dir / "ckpt"
+    root = run_dir / runfiles.CKPT
     name = f"step_{step:06d}"
     tmp = root / f".tmp-{name}"
     final = root / name
@@ -163,13 +164,13 @@ def verify(d: Path) -> dict:
 
 def any_saved(run_dir: Path) -> bool:
     """Whether a checkpoint dir was ever completed in run_dir (valid or not)."""
-    root = run_dir / "ckpt"
+    root = run_dir / runfiles.CKPT
     return root.is_dir() and any(root.glob("step_*"))
 
 
 def load_latest(run_dir: Path) -> Checkpoint:
     """The newest checkpoint that verifies: `latest` first, then older step dirs."""
-    root = run_dir / "ckpt"
+    root = run_dir / runfiles.CKPT
     dirs = sorted(root.glob("step_*"), reverse=True) if root.is_dir() else []
     if not dirs:
         raise NlqError(f"no checkpoint in {run_dir} (nothing to resume: start a new run with "
@@ -200,7 +201,7 @@ def load_latest(run_dir: Path) -> Checkpoint:
 
 def step_dirs(run_dir: Path) -> dict[int, Path]:
     """Every completed checkpoint dir of run_dir by its step (verified or not), oldest first."""
-    root = run_dir / "ckpt"
+    root = run_dir / runfiles.CKPT
     found = {}
     for d in root.glob("step_*") if root.is_dir() else []:
         digits = d.name.removeprefix("step_")

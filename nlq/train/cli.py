@@ -12,6 +12,7 @@ import json
 import os
 from pathlib import Path
 
+from nlq import runfiles
 from nlq.config import load_config, parse_sets
 from nlq.errors import NlqError
 
@@ -42,9 +43,9 @@ def run(args) -> int:
             raise NlqError("--resume RUN_DIR takes no config, --set or --out: the run dir's "
                            "config.toml is used as written")
         run_dir = Path(args.resume)
-        if not (run_dir / "config.toml").is_file():
+        if not (run_dir / runfiles.CONFIG).is_file():
             raise NlqError(f"{run_dir} is not an nlq run dir (no config.toml): nothing to resume")
-        cfg = load_config(run_dir / "config.toml")
+        cfg = load_config(run_dir / runfiles.CONFIG)
     else:
         if not args.config:
             raise NlqError("give a config (TOML file or preset name) or --resume RUN_DIR")

@@ -86,9 +86,16 @@ def wrap(model: torch.nn.Module, kind: str, world: World,
             fully_shard(block)
         fully_shard(model)
         return model
+    return ddp(model, device)
+
+
+def ddp(model: torch.nn.Module, device: torch.device) -> torch.nn.Module:
+    """model under DistributedDataParallel, as nlq trains it (the process group is joined)."""
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    return DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
+    # gradients live in DDP's all-reduce buckets: no copy of every gradient into them and back
+    return DDP(model, device_ids=[device.index] if device.type == "cuda" else None,
+               gradient_as_bucket_view=True)
 
 
 def grad_sync(wrapped: torch.nn.Module, kind: str, world: World, sync: bool):

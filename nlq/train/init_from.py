@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
+from nlq import runfiles
 from nlq.config import Config, ModelConfig
 from nlq.errors import NlqError
 from nlq.model import Transformer
@@ -74,7 +75,7 @@ def load_source(path: Path) -> tuple[dict[str, torch.Tensor], Path, str, list[st
     if not path.exists():
         raise NlqError(f"train.init_from {path} does not exist: give a run dir, a checkpoint "
                        f"dir, a saved model or a GPT-2 folder")
-    if (path / "config.toml").is_file():  # a run dir
+    if (path / runfiles.CONFIG).is_file():  # a run dir
         if not checkpoint.any_saved(path):
             raise NlqError(f"train.init_from {path} is a run dir without a checkpoint yet")
         ck = checkpoint.load_latest(path)

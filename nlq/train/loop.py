@@ -1,10 +1,8 @@
 """The training loop, read top to bottom in the order things happen.
 
-Recipe (docs/paper.md, "The training recipe"): AdamW (0.9, 0.95), grad clip 1.0, linear
-warmup then cosine decay to min_lr at the last step, weight decay on 2-D matrices only,
-every arm on the same batches.
-
-train() locks the run dir; set_up() builds the batches, the model and its optimizer, and only
+The recipe (lr schedule, AdamW groups, dropout seeds) is nlq/train/optim.py, grad clip 1.0
+here; every arm sees the same batches. train() locks the run dir; set_up()
+(nlq/train/setup.py) builds the batches, the model and its optimizer, and only
 then is a new run's config.toml written (a start that fails before leaves nothing, see
 nlq/train/rundir.py); start() resumes from the latest checkpoint, if any, once the config and
 the data are those it records (checkpoint.check_depends). Then, at each step boundary:
@@ -16,7 +14,6 @@ applies it.
 
 from __future__ import annotations
 
-import contextlib
 import gc
 import json
 import math
@@ -26,85 +23,30 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import torch
 
-from nlq import __version__
+from nlq import __version__, runfiles
 from nlq.config import Config, config_from_toml, model_config_from_dict
 from nlq.errors import NlqError, os_error_text
 from nlq.extras import need
 from nlq.fsutil import write_atomic
-from nlq.model import Transformer, apply_fast_paths
 from nlq.model.params import flops_per_token
 from nlq.sysinfo import check_threads, machine_record
-from nlq.train import checkpoint, dist, faults, init_from, memory
-from nlq.train.batches import Batches
+from nlq.train import checkpoint, dist, init_from, memory
 from nlq.train.console import PlainLog, peak_memory_mb, progress_bar, stop_on_signals
 from nlq.train.evaluate import evaluate, evaluate_test
+from nlq.train.optim import lr_at, make_optimizer, step_seed
 from nlq.train.rundir import RunDir, finished, prepare_run_dir
+from nlq.train.setup import Run, compile_model, set_up
 from nlq.train.spikes import Spikes
+
+# the recipe and the set-up live beside this loop; their names stay importable from here
+__all__ = ["Diverged", "Position", "Run", "compile_model", "lr_at", "make_optimizer",
+           "set_up", "step_seed", "train"]
 
 
 class Diverged(NlqError):
     """A non-finite loss or gradient norm: the run stops, the last good checkpoint stays."""
-
-
-def lr_at(step: int, t) -> float:
-    """lr of the optimizer step taken at `step` (0 .. max_steps - 1): linear warmup for
-    warmup_steps (nanoGPT), then cosine from lr down to min_lr, reached at the last step
-    (docs/paper.md, "The training recipe": cosine decay to min_lr at the last step)."""
-    if step < t.warmup:
-        return t.lr * (step + 1) / (t.warmup + 1)
-    last = t.max_steps - 1
-    if step >= last:
-        return t.min_lr
-    ratio = (step - t.warmup) / (last - t.warmup)
-    return t.min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (t.lr - t.min_lr)
-
-
-def make_optimizer(model: Transformer, t, device: torch.device) -> torch.optim.AdamW:
-    """Decay 2-D weight matrices only, never norms or biases. Embedding tables (the token
-    table is also the tied output head) are 2-D and are decayed unless decay_embeddings is
-    off: nanoGPT and the paper decay them."""
-    emb = {"wte.weight", "wpe.weight"}
-    decay, no_decay = [], []
-    for name, p in model.named_parameters():
-        (decay if p.dim() >= 2 and (t.decay_embeddings or name not in emb) else no_decay).append(p)
-    # fused AdamW has CUDA and CPU kernels (torch >= 2.4); on other devices it is an error
-    # rather than a silently ignored key
-    if t.fused_adamw and device.type not in ("cuda", "cpu"):
-        raise NlqError(f"train.fused_adamw = true is not supported on {device.type}: set it "
-                       f"to false")
-    return torch.optim.AdamW(
-        [{"params": decay, "weight_decay": t.weight_decay},
-         {"params": no_decay, "weight_decay": 0.0}],
-        lr=t.lr, betas=(t.beta1, t.beta2), eps=t.eps, fused=t.fused_adamw or None,
-    )
-
-
-def step_seed(seed: int, step: int, rank: int) -> int:
-    """Dropout reseeded per step: a resumed run draws the same masks with no RNG state."""
-    return int(np.random.SeedSequence([seed, step, rank]).generate_state(1)[0])
-
-
-@dataclass
-class Run:
-    """What the steps of one run share, built once by set_up()."""
-
-    cfg: Config
-    world: dist.World
-    device: torch.device
-    files: RunDir
-    batches: Batches
-    wrapped: torch.nn.Module  # what trains: the model under DDP / FSDP2, or the model itself
-    optimizer: torch.optim.AdamW
-    autocast: contextlib.AbstractContextManager  # bf16 autocast, or nothing
-    fault_hooks: faults.Faults | None  # NLQ_FAULT's kill points (the crash tests), else None
-    params: dict[str, int]  # parameter counts, for the meta row and the summary
-    spikes: Spikes  # the spike detector (nlq/train/spikes.py), restored on resume
-    init: dict | None = None  # what train.init_from loaded at step 0, for the meta row
-
-
 @dataclass
 class Position:
     """Where a run stands: with the weights and AdamW state, what a checkpoint holds."""
@@ -141,7 +83,7 @@ def train(cfg: Config, run_dir: str | Path, resume: bool = False, progress: bool
         if world.main:
             cfg = prepare_run_dir(cfg, files, resume)
         elif resume:
-            cfg = config_from_toml((run_dir / "config.toml").read_text())
+            cfg = config_from_toml((run_dir / runfiles.CONFIG).read_text())
         if resume and not checkpoint.any_saved(run_dir):  # it starts again from step 0
             init = init_from.read(cfg)
         run = set_up(cfg, files, world, device, init)
@@ -238,50 +180,6 @@ def _train(run: Run, resume: bool, progress: bool) -> dict:
             if bar is not None:
                 bar.update(1)
     return finish(run, pos, val_loss, val_ppl)
-
-
-def set_up(cfg: Config, files: RunDir, world: dist.World, device: torch.device,
-           init: init_from.Init | None = None) -> Run:
-    """The batches (the data is checked before any model is built), the model initialised
-    from train.seed (then from init, train.init_from's tensors, where given), compiled per
-    block and wrapped for DDP / FSDP2 (nlq/train/dist.py), its optimizer, the precision, and
-    NLQ_FAULT's hooks where the crash tests set it."""
-    t = cfg.train
-    batches = Batches(cfg, world, device)
-    model = Transformer(cfg.model, seed=t.seed)  # init keyed by (seed, name)
-    # kernels of the same math: CPU autograd kernels; on CUDA fused projections and, unless
-    # the whole model is compiled below, the paper's query compiled (nlq/model/fast.py)
-    apply_fast_paths(model, compile_query=not t.compile)
-    if init is not None:
-        init_from.apply(init, model, verbose=world.main)
-    model = model.to(device)
-    params = {"params_total": model.num_params(),
-              "params_non_embedding": model.num_params(non_embedding=True)}
-    if t.compile:
-        compile_model(model, t)
-    wrapped = dist.wrap(model, t.parallel, world, device)
-    # after wrapping: FSDP2 replaces the parameters with sharded DTensors
-    optimizer = make_optimizer(model, t, device)
-    bf16 = t.precision == "bf16" or (t.precision == "auto" and device.type == "cuda")
-    autocast = (torch.autocast(device.type, dtype=torch.bfloat16) if bf16
-                else contextlib.nullcontext())
-    armed = faults.from_env()  # the crash tests' kill points (NLQ_FAULT); None outside tests
-    if armed is not None:
-        armed.attach(model, optimizer)
-    return Run(cfg, world, device, files, batches, wrapped, optimizer, autocast, armed, params,
-               Spikes(), init=init.record() if init is not None else None)
-
-
-def compile_model(model: Transformer, t) -> None:
-    """torch.compile in place: the whole model with its loss (one graph: the loss and the
-    last block fuse, no graph boundary per block), or block by block under FSDP2, which
-    shards and gathers per block (as torchtitan compiles), in train.compile_mode."""
-    mode = None if t.compile_mode == "default" else t.compile_mode
-    if t.parallel == "fsdp" and int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        for block in model.blocks:
-            block.compile(mode=mode)
-    else:
-        model.compile(mode=mode)
 
 
 def start(run: Run, resume: bool) -> tuple[Position, bool]:
@@ -403,7 +301,7 @@ def finish(run: Run, pos: Position, val_loss: float, val_ppl: float) -> dict:
         summary |= {"test_loss": test_loss, "test_ppl": math.exp(min(test_loss, 700.0)),
                     "test_tokens": sum(docs["tokens"]), "test_docs": len(docs["doc"])}
         if run.world.main:
-            write_atomic(run.files.path / "test_docs.json", json.dumps(docs))
+            write_atomic(run.files.path / runfiles.TEST_DOCS, json.dumps(docs))
     if run.world.main:
-        write_atomic(run.files.path / "summary.json", json.dumps(summary, indent=2))
+        write_atomic(run.files.path / runfiles.SUMMARY, json.dumps(summary, indent=2))
     return summary

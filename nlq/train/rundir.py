@@ -1,5 +1,5 @@
-"""A run dir: config.toml, metrics.jsonl, tb/, ckpt/ (nlq/train/checkpoint.py), summary.json,
-test_docs.json, and a lock so two processes never write one run. Rank 0 alone writes it.
+"""Writing a run dir (its layout: nlq/runfiles.py): config.toml, metrics.jsonl, tb/, ckpt/
+(nlq/train/checkpoint.py), summary.json, test_docs.json, and a lock so two processes never write one run. Rank 0 alone writes it.
 
 A new run goes into a new or empty folder, or one holding only what `nlq reproduce` puts
 there before it starts a run (arm.json, train.log) and the `.lock` of a killed start: a folder
@@ -21,6 +21,7 @@ import shutil
 import sys
 from pathlib import Path
 
+from nlq import runfiles
 from nlq.config import Config, config_from_toml
 from nlq.data.schedule import TokenData
 from nlq.errors import NlqError
@@ -29,7 +30,7 @@ from nlq.fsutil import Locked, lock, unlock, write_atomic
 # What may be in a folder before a new run starts there: `nlq reproduce` writes arm.json and
 # opens train.log before it starts `nlq train`; a start killed before its config.toml leaves
 # .lock (holding its pid; empty when an earlier nlq wrote it).
-BEFORE_START = ("arm.json", "train.log", ".lock")
+BEFORE_START = (runfiles.ARM, runfiles.TRAIN_LOG, runfiles.LOCK)
 
 
 class RunDir:
@@ -37,7 +38,7 @@ class RunDir:
 
     def __init__(self, path: Path, main: bool):
         self.path, self.main = path, main
-        self.metrics_path = path / "metrics.jsonl"
+        self.metrics_path = path / runfiles.METRICS
         self.depends: dict | None = None  # what checkpoints record (checkpoint.depends)
         self._metrics = None
         self._tb = None
@@ -49,7 +50,7 @@ class RunDir:
 
     def lock(self) -> None:
         """Hold RUN/.lock until close(); a second process on the run dir is refused."""
-        path = self.path / ".lock"
+        path = self.path / runfiles.LOCK
         try:
             self._lock_fd = lock(path)
         except Locked as e:
@@ -67,7 +68,7 @@ class RunDir:
         d = self.path
         if d.is_dir():
             names = os.listdir(d)
-            if "config.toml" not in names and "ckpt" not in names:
+            if runfiles.CONFIG not in names and runfiles.CKPT not in names:
                 foreign = [n + (" (a symbolic link)" if (d / n).is_symlink() else "")
                            for n in sorted(names) if not _before_start(d / n)]
                 if foreign:
@@ -85,14 +86,14 @@ class RunDir:
             raise NlqError(f"cannot write run dir {d}: {e.strerror or e}") from None
         self._made = made
         self.lock()
-        if (d / "ckpt").exists() or (d / "config.toml").exists():
+        if (d / runfiles.CKPT).exists() or (d / runfiles.CONFIG).exists():
             raise NlqError(f"run dir {d} already holds a run: continue it with "
                            f"`nlq train --resume {d}` or choose another --out")
         self._before = set(os.listdir(d))
 
     def write_config(self, cfg: Config) -> None:
         """The resolved config, written once the run is set up: from here on it exists."""
-        write_atomic(self.path / "config.toml", cfg.to_toml())
+        write_atomic(self.path / runfiles.CONFIG, cfg.to_toml())
         self._started = True
 
     def open_logs(self, truncate_to: int | None, step: int) -> None:
@@ -116,7 +117,7 @@ class RunDir:
             from torch.utils.tensorboard import SummaryWriter
 
             purge = step if truncate_to is not None else None  # resumed: drop later events
-            self._tb = SummaryWriter(str(self.path / "tb"), purge_step=purge)
+            self._tb = SummaryWriter(str(self.path / runfiles.TB), purge_step=purge)
         except ImportError:  # tensorboard is optional at run time
             self._tb = None
 
@@ -153,7 +154,7 @@ class RunDir:
                     f.close()
         undo = failed and self._before is not None and not self._started
         if undo:  # under the lock: no other process is writing here
-            for name in sorted(set(os.listdir(self.path)) - self._before - {".lock"}):
+            for name in sorted(set(os.listdir(self.path)) - self._before - {runfiles.LOCK}):
                 p = self.path / name
                 with contextlib.suppress(OSError):
                     if p.is_dir() and not p.is_symlink():
@@ -161,7 +162,7 @@ class RunDir:
                     else:
                         p.unlink()
         if self._lock_fd is not None:
-            unlock(self.path / ".lock", self._lock_fd)  # removes .lock
+            unlock(self.path / runfiles.LOCK, self._lock_fd)  # removes .lock
             self._lock_fd = None
         if undo and self._made is not None:  # the folders this start made, if now empty
             d = self.path
@@ -180,7 +181,7 @@ def _before_start(p: Path) -> bool:
     plain file (never a symlink), and a .lock holding at most a pid."""
     if p.name not in BEFORE_START or p.is_symlink() or not p.is_file():
         return False
-    if p.name != ".lock":
+    if p.name != runfiles.LOCK:
         return True
     try:
         text = p.read_bytes()[:65]
@@ -189,30 +190,11 @@ def _before_start(p: Path) -> bool:
     return len(text) <= 64 and (text.strip().isdigit() or not text.strip())
 
 
-def read_summary(run_dir: Path) -> tuple[dict | None, str | None]:
-    """RUN/summary.json of a finished run: (summary, None); (None, None) when there is none;
-    (None, why) when it is there but is not a finished run's summary (not JSON, not an
-    object, no status "finished" or no integer step)."""
-    path = run_dir / "summary.json"
-    try:
-        s = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        return None, None
-    except (OSError, ValueError) as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
-        return None, (f"is not valid JSON ({e})" if isinstance(e, ValueError)
-                      else f"cannot be read ({e.strerror or e})")
-    if not isinstance(s, dict) or s.get("status") != "finished":
-        return None, "is not a finished run's summary (no status \"finished\")"
-    if not isinstance(s.get("step"), int) or isinstance(s.get("step"), bool):
-        return None, f"has no integer step (step = {s.get('step')!r})"
-    return s, None
-
-
 def finished(run_dir: Path, main: bool) -> dict | None:
     """--resume of a finished run: its summary (the resume has nothing to do). A summary.json
     that is not a finished run's is ignored with a warning: the resume continues from the last
     checkpoint (the final one recomputes only its evaluation) and writes it again."""
-    summary, why = read_summary(run_dir)
+    summary, why = runfiles.read_summary(run_dir)
     if why is not None and main:
         print(f"nlq: warning: {run_dir / 'summary.json'} {why}: ignored; resuming from the "
               f"last checkpoint writes it again", file=sys.stderr)
@@ -222,7 +204,7 @@ def finished(run_dir: Path, main: bool) -> dict | None:
 def prepare_run_dir(cfg: Config, run: RunDir, resume: bool) -> Config:
     """Resume: lock the run dir and read its config back. New run: check the data, then
     make and lock the run dir (RunDir.create); the config is written once set up."""
-    run_dir, cfg_path = run.path, run.path / "config.toml"
+    run_dir, cfg_path = run.path, run.path / runfiles.CONFIG
     if resume:
         if not cfg_path.is_file():
             raise NlqError(f"{run_dir} is not an nlq run dir (no config.toml): nothing to resume")
