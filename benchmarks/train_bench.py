@@ -38,7 +38,7 @@ Modifiers after "+" change how a variant runs:
               projection and the compiled query off, each module on its plain path;
   +ddp        under DDP in one process (the run is started with torchrun --nproc_per_node 1
               and the model wrapped in DistributedDataParallel even so): the wrapper's cost.
-The step loads its batch as nlq/train/batches.py does (on a GPU built ahead in a thread into
+The step loads its batch as nlq/run/batches.py does (on a GPU built ahead in a thread into
 pinned memory); "loader" is the share of the step spent waiting for it. NLQ_BENCH_PROFILE=1
 also records each measurement's top GPU kernels by device time (torch.profiler, 3 steps).
 Every variant runs as `nlq train` would (the allocator tuning applies to the reference too,
@@ -133,7 +133,7 @@ def official_model(path: str, m, query: str):
 
 def build(shape: str, variant: str):
     """(model config, device, step function) of one variant; step(i) runs training step i
-    and returns the seconds it waited for its batch (nlq's loader, nlq/train/batches.py)."""
+    and returns the seconds it waited for its batch (nlq's loader, nlq/run/batches.py)."""
     import contextlib
 
     import numpy as np
@@ -144,8 +144,8 @@ def build(shape: str, variant: str):
     from nlq.config import load_config
     from nlq.data.schedule import train_batch
     from nlq.model import Transformer, apply_fast_paths
+    from nlq.run.batches import Ahead
     from nlq.train import dist
-    from nlq.train.batches import Ahead
     from nlq.train.loop import compile_model, make_optimizer
 
     base, mods = parse_variant(variant)
@@ -229,7 +229,7 @@ def build(shape: str, variant: str):
         w = train_batch(data, 1, i, 0, B, 1, T)  # (B, T+1)
         return w[:, :-1], w[:, 1:].clone()
 
-    loader = Ahead(windows, dev)  # as nlq/train/batches.py runs it
+    loader = Ahead(windows, dev)  # as nlq/run/batches.py runs it
     amp = (torch.autocast("cuda", dtype=torch.bfloat16) if dev.type == "cuda"
            else contextlib.nullcontext())
 

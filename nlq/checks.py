@@ -21,7 +21,7 @@ from nlq.errors import NlqError, short
 
 SCALARS = (bool, int, float, str)
 # Sizes stay below 2^31: a tensor dimension, and far beyond any memory long before that
-# (nlq/train/memory.py refuses what does not fit this machine). Any other integer key must
+# (nlq/run/memory.py refuses what does not fit this machine). Any other integer key must
 # fit in 64 bits, what a TOML integer holds.
 SIZE = (1, 2**31 - 1)
 INT64 = (-(2**63), 2**63 - 1)

@@ -3,7 +3,9 @@
 
 An NlqError is printed as one line `nlq: error: ...` with exit status 2, and so is an OSError
 that nothing more specific caught (a full disk, a read-only path), and an exception raised by
-the code of an --import; --debug shows the traceback instead. An over-long value or path in the line is cut (nlq.errors.cut_long).
+the code of an --import; --debug shows the traceback instead. An over-long value or path in the
+line is cut (nlq.errors.cut_long). An NlqError with its own exit_code (a command stopped by a
+signal: 128 + the signal) is printed as `nlq: ...` and exits with that code.
 """
 
 from __future__ import annotations
@@ -106,8 +108,9 @@ def main(argv: list[str] | None = None) -> int:
     except NlqError as e:
         if args.debug:
             raise
-        print(f"nlq: error: {cut_long(str(e))}", file=sys.stderr)
-        return 2
+        code = getattr(e, "exit_code", 2)  # e.g. 128 + the signal that stopped a command
+        print(f"nlq: {'error: ' if code == 2 else ''}{cut_long(str(e))}", file=sys.stderr)
+        return code
     except OSError as e:  # a full disk, a read-only or missing path that no handler named
         if args.debug:
             raise

@@ -1,6 +1,6 @@
 """The layout of a run dir, in one place: its file names and the one reader of its summary.
 
-A run dir (written by rank 0 of `nlq train`, nlq/train/rundir.py and checkpoint.py):
+A run dir (written by rank 0 of `nlq train`, nlq/train/rundir.py and nlq/run/checkpoint.py):
 
     config.toml      the run's config, written once the run is set up (its existence makes a
                      folder a run dir)

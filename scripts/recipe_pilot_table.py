@@ -14,9 +14,9 @@ import math
 import sys
 from pathlib import Path
 
-from nlq.eval.convergence import run_slope
-from nlq.eval.runs import collect
-from nlq.eval.stats import mean_ci, paired
+from nlq.report.convergence import run_slope
+from nlq.report.runs import collect
+from nlq.report.stats import mean_ci, paired
 
 
 def rms(xs: list[float]) -> float:

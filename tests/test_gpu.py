@@ -95,8 +95,8 @@ def test_cuda_fast_paths_match_the_plain_model(query):
 def test_prefetched_batches_on_cuda_equal_the_cpu_batches(tmp_path_factory):
     """Batches on CUDA (built ahead in a thread, pinned, copied without blocking) are the
     CPU path's batches, over several steps of grad accumulation."""
-    from nlq.train.batches import Batches
-    from nlq.train.dist import World
+    from nlq.run.batches import Batches
+    from nlq.run.world import World
 
     cfg = tiny_config(shared_data(tmp_path_factory), **{"train.grad_accum": 2})
     cpu = Batches(cfg, World(), torch.device("cpu"))

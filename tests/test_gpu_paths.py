@@ -1,4 +1,4 @@
-"""The GPU fast paths (nlq/model/fast.py, nlq/train/batches.py, compile), each compared with
+"""The GPU fast paths (nlq/model/fast.py, nlq/run/batches.py, compile), each compared with
 the plain path it replaces, on CPU: the paths are device-gated, and the tests open the gate
 for CPU (FusedQKVAttention.fused_on, FastNonlinearQuery.compiled_on, Ahead(threaded=True)).
 The same comparisons on CUDA are in tests/test_gpu.py.
@@ -22,7 +22,7 @@ from nlq.model.fast import (
     nonlinear_query,
 )
 from nlq.model.query import make_query
-from nlq.train.batches import Ahead
+from nlq.run.batches import Ahead
 from nlq.train.loop import compile_model
 
 
@@ -57,6 +57,7 @@ def assert_same_step(a, b, tol):
 @pytest.mark.parametrize("query,kw", [
     ("linear", {}),  # q, k, v in one product
     ("linear", {"bias": True, "n_kv_head": 2}),  # with biases, grouped keys and values
+    ("linear", {"query_args": {"out_norm": "layernorm"}}),  # q normalised after the split
     ("nonlinear", {}),  # k, v in one product, the query apart
     ("identity", {"n_kv_head": 1}),
 ])
@@ -173,8 +174,8 @@ def test_batches_with_prefetch_equal_batches_without(tmp_path):
     path, micro-step by micro-step over several optimizer steps (grad_accum 2)."""
     from helpers import make_data
 
-    from nlq.train.batches import Batches
-    from nlq.train.dist import World
+    from nlq.run.batches import Batches
+    from nlq.run.world import World
 
     make_data(tmp_path / "d")
     cfg = tiny_config(tmp_path / "d", **{"train.grad_accum": 2})

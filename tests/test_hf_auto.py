@@ -114,7 +114,7 @@ def test_register_is_idempotent_and_maps_the_config_to_the_models():
 
 
 def test_nlq_convert_to_hf_from_a_checkpoint_loads_in_a_fresh_process(tmp_path):
-    from nlq.train.checkpoint import save
+    from nlq.run.checkpoint import save
 
     ours = model(query="nonlinear", pos_emb="rope", qk_norm=True)
     state = {"tokens": 0, "elapsed": 0.0, "metrics_bytes": 0, "param_groups": [],

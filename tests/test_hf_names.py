@@ -27,3 +27,18 @@ def test_nlq_to_gpt2_to_nlq_is_bitwise_the_same(bias):
     for k, v in want.items():
         assert got[k].dtype == v.dtype and got[k].shape == v.shape, k
         assert torch.equal(got[k], v), k
+
+
+def test_a_normalised_linear_query_is_not_written_as_gpt2():
+    """GPT-2 has no norm on its query: the linear-qnorm arm is refused, naming the setting,
+    not exported with its norm silently dropped."""
+    import pytest
+
+    from nlq.errors import NlqError
+    from nlq.hf.gpt2 import check_gpt2
+    from nlq.model import ModelConfig
+
+    cfg = ModelConfig(vocab_size=64, block_size=8, n_layer=1, n_head=2, d_model=16,
+                      query_args={"out_norm": "layernorm"})
+    with pytest.raises(NlqError, match="out_norm"):
+        check_gpt2(cfg)

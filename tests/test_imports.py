@@ -127,8 +127,24 @@ def test_find_cycle_reports_the_cycle():
 # The floors (docs/architecture.md): the model is the ground floor, on base files only; the
 # run's config is built on top of it. BASE: files every floor may import, which import
 # nothing of nlq but each other.
-BASE = {"nlq", "nlq.errors", "nlq.checks", "nlq.extras", "nlq.fsutil", "nlq.sysinfo"}
-NOT_UNDER_THE_MODEL = ("config", "data", "train", "eval", "experiments", "infer", "hf", "cli")
+BASE = {"nlq", "nlq.errors", "nlq.checks", "nlq.extras", "nlq.fsutil", "nlq.sysinfo",
+        "nlq.runfiles"}
+# Each subpackage, bottom to top, with the floors it may import besides base files (the
+# table of docs/architecture.md). nlq/run/ holds what a run's training and its later use
+# share, so that nlq/train/ and nlq/infer/ stand side by side and neither imports the other.
+FLOORS = {
+    "nlq.model": set(),
+    "nlq.config": {"nlq.model"},
+    "nlq.data": set(),
+    "nlq.hf": {"nlq.model", "nlq.config", "nlq.data"},
+    "nlq.report": {"nlq.config", "nlq.data"},
+    "nlq.run": {"nlq.model", "nlq.config", "nlq.data"},
+    "nlq.train": {"nlq.model", "nlq.config", "nlq.data", "nlq.hf", "nlq.run"},
+    "nlq.infer": {"nlq.model", "nlq.config", "nlq.data", "nlq.hf", "nlq.run"},
+    "nlq.experiments": {"nlq.model", "nlq.config", "nlq.data", "nlq.report", "nlq.run",
+                        "nlq.train"},
+}
+NOT_UNDER_THE_MODEL = (*(f.split(".")[1] for f in FLOORS if f != "nlq.model"), "cli")
 
 
 def floor(module: str) -> str:
@@ -175,6 +191,24 @@ def test_no_import_cycle_between_subpackages():
     assert "nlq.model" in graph["nlq.config"]  # the config is built on the model
     cycle = find_cycle(graph)
     assert cycle is None, "import cycle between floors: " + " -> ".join(cycle)
+
+
+def test_each_floor_imports_only_the_floors_below_it():
+    """Every subpackage has its place in FLOORS, and imports only the floors listed there
+    (and base files): e.g. nlq/infer/ reads a run through nlq/run/, never nlq/train/."""
+    packages = {"nlq." + p.parent.name for p in PKG.glob("*/__init__.py")}
+    assert packages == set(FLOORS), "place the new subpackage in FLOORS and the docs' table"
+    order = list(FLOORS)
+    for name, deps in import_graph().items():
+        here = floor(name)
+        if here not in FLOORS:
+            continue
+        for d in deps:
+            there = floor(d)
+            if there == here or there in BASE:
+                continue
+            assert there in FLOORS[here], f"{name} imports {d}: {there} is not under {here}"
+            assert order.index(there) < order.index(here), (name, d)
 
 
 def test_floor_cycles_are_seen():

@@ -91,12 +91,14 @@ def closed_form(cfg: ModelConfig) -> tuple[int, int]:
     kv = cfg.kv_heads * cfg.head_dim
     ln = C * (1 + b)
     r = cfg.query_args.get("rank", C // 2)  # the nonlinear query's rank, d/2 by default
+    out_norm = {"layernorm": ln, "rmsnorm": C, "none": 0}  # a query's output norm
     query = {
-        "linear": C * C + b * C,
+        "linear": C * C + b * C + out_norm[cfg.query_args.get("out_norm", "none")],
         "residual": C * C + b * C,
         "identity": 0,
         # in RMSNorm (gain only) + W1 + W2 + out LayerNorm
-        "nonlinear": C + (C * r + b * r) + (r * C + b * C) + ln,
+        "nonlinear": C + (C * r + b * r) + (r * C + b * C)
+        + out_norm[cfg.query_args.get("out_norm", "layernorm")],
     }[cfg.query]
     attn = query + 2 * (C * kv + b * kv) + C * C + b * C
     mlp = C * H + b * H + H * C + b * C
@@ -123,7 +125,9 @@ def test_paper_arms_match_closed_form(arm, gpt3_arms):
     [{"query": "linear"}, {"query": "nonlinear", "bias": True}, {"query": "identity"},
      {"query": "residual", "tie_embeddings": False}, {"query": "nonlinear", "n_kv_head": 2},
      {"query": "linear", "pos_emb": "rope", "n_kv_head": 1},
-     {"query": "nonlinear", "query_args": {"rank": 5}}],
+     {"query": "nonlinear", "query_args": {"rank": 5}},
+     {"query": "linear", "query_args": {"out_norm": "layernorm"}, "bias": True},
+     {"query": "nonlinear", "query_args": {"out_norm": "none"}}],
     ids=str,
 )
 def test_count_params_equals_real_model_and_closed_form(kw):
@@ -300,3 +304,18 @@ def test_a_new_arm_combination_is_one_table_entry(tmp_path):
     summary = train(arms["nonlinear-rope-qknorm"], tmp_path / "run", progress=False)
     assert summary["status"] == "finished" and summary["step"] == 3
     assert summary["params_total"] == want and torch.isfinite(torch.tensor(summary["val_loss"]))
+
+
+def test_normalisation_arms_differ_from_theirs_by_one_norm_per_layer():
+    """linear-qnorm is linear plus a LayerNorm on the query (d per layer without biases);
+    nonlinear-noln is nonlinear without f's final LayerNorm (d fewer per layer)."""
+    from nlq.experiments.arms import named_arms
+
+    base = load_config("small")
+    arms = {n: resolve_arm(base, named_arms()[n], n).model
+            for n in ("linear", "linear-qnorm", "nonlinear", "nonlinear-noln")}
+    L, C = base.model.n_layer, base.model.d_model
+    assert not base.model.bias
+    n = {k: count_params(m)[1] for k, m in arms.items()}
+    assert n["linear-qnorm"] - n["linear"] == L * C
+    assert n["nonlinear"] - n["nonlinear-noln"] == L * C

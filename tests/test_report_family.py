@@ -8,14 +8,14 @@ import json
 
 import numpy as np
 import pytest
-from test_eval_report import make_run
+from test_report import make_run
 from test_report_noise import experiment
 
-from nlq.eval.claims import Claims
-from nlq.eval.convergence import run_slope
-from nlq.eval.report import build_report, summary_lines
-from nlq.eval.runs import collect
-from nlq.eval.stats import mean_ci
+from nlq.report.claims import Claims
+from nlq.report.convergence import run_slope
+from nlq.report.report import build_report, summary_lines
+from nlq.report.runs import collect
+from nlq.report.stats import mean_ci
 
 
 def test_only_the_family_gets_verdicts_and_holm_counts_only_it(tmp_path):

@@ -10,12 +10,12 @@ import shutil
 
 import numpy as np
 import pytest
-from test_eval_report import declare_paper, make_run
+from test_report import declare_paper, make_run
 
 from nlq.errors import NlqError
-from nlq.eval.bootstrap import paired_bootstrap
-from nlq.eval.report import build_report, summary_lines
-from nlq.eval.runs import collect
+from nlq.report.bootstrap import paired_bootstrap
+from nlq.report.report import build_report, summary_lines
+from nlq.report.runs import collect
 
 CHUNK = 100
 

@@ -10,13 +10,13 @@ from helpers import assert_user_error, make_data, metrics, nlq, ok, snapshot
 
 from nlq.config import load_config
 from nlq.errors import NlqError
-from nlq.eval.stats import mean_ci, paired
 from nlq.experiments.experiment import (
     experiment_arms,
     experiment_toml,
     load_experiment,
     shipped_experiments,
 )
+from nlq.report.stats import mean_ci, paired
 
 EXPERIMENT = """
 name = "mini"

@@ -17,7 +17,7 @@ from safetensors.torch import load_file
 from nlq.data.schedule import TokenData
 from nlq.errors import NlqError
 from nlq.model import Transformer
-from nlq.train.evaluate import doc_windows
+from nlq.run.scoring import doc_windows
 from nlq.train.loop import train
 
 one_thread = helpers.one_thread

@@ -19,7 +19,7 @@ from nlq.config import TrainConfig
 from nlq.data.schedule import TokenData, val_windows
 from nlq.errors import NlqError
 from nlq.model import Transformer
-from nlq.train import batches
+from nlq.run import batches
 from nlq.train.loop import make_optimizer, train
 
 one_thread = helpers.one_thread  # autouse: tiny models run ~10x faster on one thread

@@ -45,7 +45,7 @@ from helpers import (
 
 from nlq.cli import main as nlq_main
 from nlq.errors import NlqError
-from nlq.train import checkpoint
+from nlq.run import checkpoint
 from nlq.train.loop import train
 
 if sys.version_info >= (3, 11):

@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 
 from nlq import runfiles
+from nlq.experiments.launch import LAUNCHERS
 from nlq.sysinfo import check_threads, cores
 
 # ---------------------------------------------------------------------------------------
@@ -101,7 +102,11 @@ def add_reproduce_arguments(p) -> None:
                    help="output dir (default: out/<experiment>-<preset>)")
     p.add_argument("--jobs", type=int, default=None,
                    help="runs trained at once (default: on a CPU, its cores / --threads; "
-                        "on a GPU 1)")
+                        "on a GPU 1); with --launcher gpus, runs per GPU")
+    p.add_argument("--launcher", default="local", choices=LAUNCHERS,
+                   help="how runs start: local (processes within the CPU thread budget, "
+                        "the default) or gpus (--jobs runs on each visible GPU, each child "
+                        "seeing its own); nlq/experiments/launch.py")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="config override for every arm, e.g. train.max_steps=100")
     p.add_argument("--force", action="store_true",
@@ -129,12 +134,12 @@ def run_reproduce(args) -> int:
     threads = check_threads(args.threads, "--threads")
     rthreads = (check_threads(args.replicate_threads, "--replicate-threads")
                 if args.replicates else None)
-    jobs = _jobs(args.jobs, threads)
+    jobs = _jobs(args.jobs, threads, args.launcher)
     exp_name = Path(args.experiment).stem
     out = Path(args.out or f"out/{exp_name}-{args.preset}")
     return reproduce(args.experiment, args.preset, args.seeds, arms, out, jobs, args.force,
                      parse_sets(args.set), Path(args.lrs_from) if args.lrs_from else None,
-                     threads, args.replicates, rthreads)
+                     threads, args.replicates, rthreads, args.launcher)
 
 
 # ---------------------------------------------------------------------------------------
@@ -157,7 +162,11 @@ def add_sweep_arguments(p) -> None:
                    help="output dir (default: out/sweep-<experiment>-<preset>)")
     p.add_argument("--jobs", type=int, default=None,
                    help="runs trained at once (default: on a CPU, its cores / --threads; "
-                        "on a GPU 1)")
+                        "on a GPU 1); with --launcher gpus, runs per GPU")
+    p.add_argument("--launcher", default="local", choices=LAUNCHERS,
+                   help="how runs start: local (processes within the CPU thread budget, "
+                        "the default) or gpus (--jobs runs on each visible GPU, each child "
+                        "seeing its own); nlq/experiments/launch.py")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="config override for every run, e.g. train.max_steps=100")
     p.add_argument("--threads", type=int, default=1, metavar="N",
@@ -179,14 +188,19 @@ def run_sweep(args) -> int:
     out = Path(args.out or f"out/sweep-{Path(args.experiment).stem}-{args.preset}")
     threads = check_threads(args.threads, "--threads")
     return sweep(args.experiment, args.preset, arms, lrs, args.seeds, out,
-                 _jobs(args.jobs, threads), parse_sets(args.set), threads)
+                 _jobs(args.jobs, threads, args.launcher), parse_sets(args.set), threads,
+                 args.launcher)
 
 
-def _jobs(jobs: int | None, threads: int = 1) -> int:
-    """--jobs, or its default: on a CPU, as many runs as the cores hold at `threads` each."""
+def _jobs(jobs: int | None, threads: int = 1, launcher: str = "local") -> int:
+    """--jobs, or its default: on a CPU, as many runs as the cores hold at `threads` each.
+    The launcher is checked here too (--launcher gpus without a GPU), before any work."""
     import torch
 
     from nlq.errors import NlqError
+    from nlq.experiments.launch import make_launcher
+
+    make_launcher(launcher, 1, threads)
 
     if jobs is None:
         jobs = 1 if torch.cuda.is_available() else max(1, cores() // threads)
@@ -215,8 +229,8 @@ def add_report_arguments(p) -> None:
 
 
 def run_report(args) -> int:
-    from nlq.eval.report import build_report, print_summary
     from nlq.experiments.experiment import load_experiment
+    from nlq.report.report import build_report, print_summary
 
     dirs = [Path(d) for d in args.run_dirs]
     single_exp = len(dirs) == 1 and dirs[0].is_dir() and not (dirs[0] / runfiles.CONFIG).exists()
@@ -241,7 +255,7 @@ def add_export_arguments(p) -> None:
 
 
 def run_export(args) -> int:
-    from nlq.eval.export import export_results
+    from nlq.report.export import export_results
 
     files = export_results(args.src, args.dest)
     size = sum(f.stat().st_size for f in files)
@@ -268,7 +282,11 @@ def add_study_arguments(p) -> None:
                    help="output dir (default: out/study); one folder per rung")
     p.add_argument("--jobs", type=int, default=None,
                    help="runs trained at once (default: on a CPU, its cores / --threads; "
-                        "on a GPU 1)")
+                        "on a GPU 1); with --launcher gpus, runs per GPU")
+    p.add_argument("--launcher", default="local", choices=LAUNCHERS,
+                   help="how runs start: local (processes within the CPU thread budget, "
+                        "the default) or gpus (--jobs runs on each visible GPU, each child "
+                        "seeing its own); nlq/experiments/launch.py")
     p.add_argument("--threads", type=int, default=1, metavar="N",
                    help="intra-op CPU threads of every run (default 1): a fixed count, so the "
                         "command sums floats in the same order on any machine of the same ISA; "
@@ -284,8 +302,8 @@ def run_study(args) -> int:
 
     names = [r.strip() for r in args.rungs.split(",") if r.strip()] if args.rungs else None
     threads = check_threads(args.threads, "--threads")
-    return study(args.ladder, names, Path(args.out), _jobs(args.jobs, threads), args.force,
-                 args.dry_run, threads)
+    return study(args.ladder, names, Path(args.out), _jobs(args.jobs, threads, args.launcher),
+                 args.force, args.dry_run, threads, args.launcher)
 
 
 # name: (help, add_arguments, run)

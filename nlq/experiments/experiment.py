@@ -1,6 +1,6 @@
 """Experiments: a TOML file naming its arms (from arms.toml), a [base] of config overrides
 applied to every arm on top of the preset, the baseline arm, and what it claims ([hypothesis]
-and [reference], read by the report: nlq/eval/claims.py).
+and [reference], read by the report: nlq/report/claims.py).
 
     name = "paper"
     baseline = "linear"
@@ -23,8 +23,8 @@ import tomli_w
 
 from nlq.config import Config, apply_overrides, flatten, from_dict, load_config, read_toml
 from nlq.errors import NlqError
-from nlq.eval.claims import Claims, check_arms, claims_from_dict
 from nlq.experiments.arms import named_arms, recipe, resolve_arm
+from nlq.report.claims import Claims, check_arms, claims_from_dict
 
 EXPERIMENT_DIR = Path(__file__).parent
 NOT_EXPERIMENTS = ("arms.toml", "ladder.toml")  # the named arms; the study's ladder

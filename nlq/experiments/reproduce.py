@@ -7,7 +7,7 @@ init seed train.seed + k and the data seed data.seed + k for every arm: arms wit
 see identical batches and start with the same values in every tensor they share
 (nlq/model/transformer.py, reset_parameters), so arms are paired by seed, and seeds differ in
 both init and data order. Running the command again skips
-finished runs and resumes interrupted ones. The report (nlq/eval/report.py) is written to
+finished runs and resumes interrupted ones. The report (nlq/report/report.py) is written to
 OUT at the end.
 """
 
@@ -15,23 +15,19 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
-import shutil
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
-from nlq import runfiles
-from nlq.config import Config, flatten, load_config
+from nlq.config import Config
 from nlq.errors import NlqError
-from nlq.eval.claims import EXPERIMENT_FILE
-from nlq.eval.report import build_report, print_summary
 from nlq.experiments.experiment import Experiment, experiment_arms, experiment_toml, load_experiment
+from nlq.experiments.runner import RunSpec, run_all, run_states
 from nlq.fsutil import write_atomic
 from nlq.model.params import count_params, flops_per_token
-from nlq.runfiles import read_summary
+from nlq.report.claims import EXPERIMENT_FILE
+from nlq.report.report import build_report, print_summary
 
 # How `nlq reproduce` prepares each preset's data dir when it is missing.
 PRESET_DATA = {
@@ -39,27 +35,6 @@ PRESET_DATA = {
     "small": ("embedded:all", "bpe:512"),
     "gpt3-small": ("hf:openwebtext", "gpt2"),
 }
-
-
-@dataclass(frozen=True)
-class RunSpec:
-    arm: str
-    seed_index: int
-    cfg: Config
-    run_dir: Path
-    tag: str = ""  # e.g. a sweep's lr: part of the config file's name
-    replicate: bool = False
-    """A numerical replicate: the run of (arm, seed_index) again at another thread count,
-    i.e. another float summation order; it measures rounding noise and is never a seed."""
-
-    @property
-    def config_name(self) -> str:
-        rep = f"-threads{self.cfg.train.threads}" if self.replicate else ""
-        return f"{self.tag}{self.arm}-seed{self.seed_index}{rep}.toml"
-
-    @property
-    def threads(self) -> int:
-        return self.cfg.train.threads or 1
 
 
 def plan(exp: Experiment, preset: str, seeds: int, arm_names: list[str] | None,
@@ -148,139 +123,6 @@ def print_cost(specs: list[RunSpec], out: Path, gpus: int = 8, mfu: float = 0.40
           f"to train them one after the other here)")
 
 
-def run_states(specs: list[RunSpec]) -> dict[Path, str]:
-    """Each planned run's state (_run_state), every one checked before anything is written:
-    a command that is refused leaves OUT as it was."""
-    return {s.run_dir: _run_state(s) for s in specs}
-
-
-def _run_state(spec: RunSpec) -> str:
-    """finished, resume or new. A run dir is reused (finished, or resumed) only when the
-    config it holds, resolved as this nlq reads it, equals the one planned for it, key for
-    key: one of another config (e.g. another lr or max_steps) is an error, finished or not,
-    naming the keys that differ: its numbers would answer another question."""
-    d = spec.run_dir
-    summary, why = read_summary(d)
-    if (d / runfiles.CONFIG).is_file():
-        diff = config_diff(load_config(d / runfiles.CONFIG), spec.cfg)
-        if diff:
-            what = "; ".join(f"{k} = {a!r} there, {b!r} now" for k, a, b in diff[:4])
-            more = f" and {len(diff) - 4} more" if len(diff) > 4 else ""
-            raise NlqError(f"{d} holds a run of another config than this command plans (arm "
-                           f"{spec.arm!r}, seed {spec.seed_index}: {what}{more}): use another "
-                           f"--out, or remove {d} to train it again")
-    elif summary is not None or why is not None:
-        raise NlqError(f"{d} holds summary.json but no config.toml: what it ran cannot be "
-                       f"checked against this plan; use another --out, or remove {d}")
-    if summary is not None:
-        return "finished"
-    saved = any((d / runfiles.CKPT).glob("step_*"))
-    if why is not None and not saved:
-        raise NlqError(f"{d / 'summary.json'} {why}, and {d} holds no checkpoint to recompute "
-                       f"it from: restore the file, or remove {d} to train the run again")
-    if why is not None:
-        print(f"reproduce: warning: {d / 'summary.json'} {why}: the run is resumed from its "
-              f"last checkpoint, which writes it again", file=sys.stderr)
-    return "resume" if saved else "new"
-
-
-def config_diff(a: Config, b: Config) -> list[tuple[str, object, object]]:
-    """(key, value in a, value in b) for every key where the resolved configs differ, as plain
-    values: nothing is left out (train.device is compared as written, "auto" included)."""
-    fa, fb = flatten(a.to_dict()), flatten(b.to_dict())
-    return [(k, fa.get(k, "(absent)"), fb.get(k, "(absent)")) for k in sorted(set(fa) | set(fb))
-            if fa.get(k, "(absent)") != fb.get(k, "(absent)")]
-
-
-def _last_step(run_dir: Path) -> int:
-    """The last logged step of a running run (for the progress bar only)."""
-    try:
-        with open(run_dir / runfiles.METRICS, "rb") as f:
-            f.seek(0, 2)
-            f.seek(max(0, f.tell() - 4096))
-            lines = f.read().decode("utf-8", "replace").splitlines()
-        for line in reversed(lines):
-            try:
-                return int(json.loads(line).get("step", 0))
-            except (AttributeError, ValueError, TypeError):  # not JSON, not a row, no step
-                continue
-    except OSError:
-        pass
-    return 0
-
-
-def run_all(specs: list[RunSpec], exp: Experiment, jobs: int, out: Path,
-            states: dict[Path, str] | None = None) -> list[str]:
-    """Train every planned run (jobs at a time, within jobs x threads cores); returns the
-    arms/seeds that failed. Each run is a subprocess `nlq train`, so a crash or a divergence
-    of one run never takes the others down. states: run_states(specs), if checked already."""
-    from tqdm import tqdm
-
-    states = states or run_states(specs)
-    todo = []
-    for s in specs:
-        state = states[s.run_dir]
-        if state == "finished":
-            continue
-        cfg_path = out / "configs" / s.config_name
-        if state == "new":
-            shutil.rmtree(s.run_dir, ignore_errors=True)  # a start that never checkpointed
-            s.run_dir.mkdir(parents=True)
-            rep = {"replicate": True} if s.replicate else {}
-            write_atomic(s.run_dir / runfiles.ARM, json.dumps(
-                {"experiment": exp.name, "arm": s.arm, "seed_index": s.seed_index, **rep}))
-            cmd = ["train", str(cfg_path), "--out", str(s.run_dir)]
-        else:
-            cmd = ["train", "--resume", str(s.run_dir)]
-        todo.append((s, cmd))
-    if not todo:
-        print(f"reproduce: all {len(specs)} runs finished already", file=sys.stderr)
-        return []
-    total = sum(s.cfg.train.max_steps for s, _ in todo)
-    done_steps = {s.run_dir: _last_step(s.run_dir) for s, _ in todo}
-    # jobs runs at the command's thread count: a budget of threads, so that a replicate at
-    # more threads waits for room (oversubscribed cores stall a multi-threaded run's
-    # barriers many times over); a run that needs more than the budget runs alone
-    budget = jobs * max([s.threads for s in specs if not s.replicate] or [1])
-    failed, running = [], []
-    queue = list(todo)
-    bar = tqdm(total=total, initial=sum(done_steps.values()), unit="step", dynamic_ncols=True,
-               desc=f"{len(todo)} runs", file=sys.stderr)
-    while queue or running:
-        while queue and (not running or sum(r[0].threads for r in running)
-                         + queue[0][0].threads <= budget):
-            s, cmd = queue.pop(0)
-            # open while the run lives: closed when it ends, below; never through a symlink
-            log = os.fdopen(os.open(s.run_dir / runfiles.TRAIN_LOG, os.O_WRONLY | os.O_APPEND |
-                                    os.O_CREAT | os.O_NOFOLLOW, 0o666), "a")
-            # the run sets its own pool (train.threads); OpenMP outside torch's pool agrees
-            env = {**os.environ, "OMP_NUM_THREADS": str(s.threads)}
-            p = subprocess.Popen([sys.executable, "-m", "nlq", *cmd, "--no-progress"],
-                                 stdout=log, stderr=subprocess.STDOUT, env=env)
-            running.append((s, p, log))
-        time.sleep(0.5)
-        for item in list(running):
-            s, p, log = item
-            now = _last_step(s.run_dir)
-            bar.update(now - done_steps[s.run_dir])
-            done_steps[s.run_dir] = now
-            if p.poll() is None:
-                continue
-            running.remove(item)
-            log.close()
-            summ = read_summary(s.run_dir)[0] if p.returncode == 0 else None
-            if summ is None:  # failed, or stopped by a signal before it finished
-                failed.append(f"{s.arm}/{s.run_dir.name}")
-                tail = (s.run_dir / runfiles.TRAIN_LOG).read_text(errors="replace").strip()
-                bar.write(f"reproduce: {s.arm} {s.run_dir.name} failed (exit "
-                          f"{p.returncode}): {tail.splitlines()[-1] if tail else ''}")
-            else:
-                bar.write(f"reproduce: {s.arm} {s.run_dir.name}: val loss "
-                          f"{summ['val_loss']:.4f} ({summ['tok_per_s']:,.0f} tok/s)")
-    bar.close()
-    return failed
-
-
 def read_sweep_lrs(path: Path, preset: str, sets: dict | None, arms: list[str]) -> dict:
     """Each arm's chosen lr from a sweep.json, checked against this reproduce's setting."""
     try:
@@ -319,7 +161,7 @@ def with_lrs(specs: list[RunSpec], lrs: dict[str, float]) -> list[RunSpec]:
 def reproduce(experiment: str, preset: str, seeds: int, arm_names: list[str] | None,
               out: Path, jobs: int, force: bool, sets: dict | None = None,
               lrs_from: Path | None = None, threads: int = 1, replicates: int = 0,
-              replicate_threads: int | None = None) -> int:
+              replicate_threads: int | None = None, launcher: str = "local") -> int:
     import torch
 
     exp = load_experiment(experiment)
@@ -332,8 +174,8 @@ def reproduce(experiment: str, preset: str, seeds: int, arm_names: list[str] | N
     states = run_states(specs)  # a run dir of another config is refused before any write
     cost_only = preset == "gpt3-small" and not torch.cuda.is_available() and not force
     if not cost_only:  # a config that cannot fit is refused before any write, too
+        from nlq.run.memory import check_fits
         from nlq.train.dist import resolve_device
-        from nlq.train.memory import check_fits
 
         for cfg in {s.arm: s.cfg for s in specs}.values():  # `jobs` runs share this machine
             check_fits(cfg, resolve_device(cfg.train.device), procs=min(jobs, len(specs)))
@@ -350,7 +192,7 @@ def reproduce(experiment: str, preset: str, seeds: int, arm_names: list[str] | N
         return 0
     ensure_data(preset, specs[0].cfg)
     t0 = time.time()
-    failed = run_all(specs, exp, jobs, out, states)
+    failed = run_all(specs, exp, jobs, out, states, launcher)
     if len(failed) == len(specs):
         print(f"reproduce: every run failed ({', '.join(failed)}); see their train.log, then "
               f"run the command again to resume them", file=sys.stderr)

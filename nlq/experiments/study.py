@@ -188,7 +188,7 @@ def measure_tok_s(cfg, threads: int, steps: int = 4) -> float:
     import torch
 
     from nlq.model import Transformer
-    from nlq.train.memory import check_fits
+    from nlq.run.memory import check_fits
 
     check_fits(cfg, torch.device("cpu"))  # one line naming the key, not an allocator error
     old = torch.get_num_threads()
@@ -235,7 +235,8 @@ def print_plan(ladder: Ladder, names: list[str], out: Path, jobs: int, threads: 
 # running
 
 
-def run_rung(ladder: Ladder, rung: Rung, out: Path, jobs: int, threads: int = 1) -> int:
+def run_rung(ladder: Ladder, rung: Rung, out: Path, jobs: int, threads: int = 1,
+             launcher: str = "local") -> int:
     """Sweep (growing the grid while a best lr sits at its edge), then the seeds."""
     check_rung(out, rung_record(ladder, rung))
     arms = ladder.arms or None
@@ -243,7 +244,7 @@ def run_rung(ladder: Ladder, rung: Rung, out: Path, jobs: int, threads: int = 1)
     # each pass grows a side by one step, at most log_step(MAX_WIDEN) steps a side
     for _ in range(2 * round(math.log(MAX_WIDEN) / math.log(grid_step(lrs))) + 1):
         rc = sweep(ladder.experiment, rung.preset, arms, lrs, rung.sweep_seeds, out / "sweep",
-                   jobs, rung.sets, threads)
+                   jobs, rung.sets, threads, launcher)
         if rc != 0:
             return rc
         result = json.loads((out / "sweep" / RESULT_FILE).read_text())
@@ -255,7 +256,7 @@ def run_rung(ladder: Ladder, rung: Rung, out: Path, jobs: int, threads: int = 1)
         lrs = grown
     return reproduce(ladder.experiment, rung.preset, rung.seeds, arms, out / "compare", jobs,
                      force=False, sets=rung.sets, lrs_from=out / "sweep" / RESULT_FILE,
-                     threads=threads)
+                     threads=threads, launcher=launcher)
 
 
 def widen(lrs: list[float], chosen: dict, declared: list[float]) -> list[float]:
@@ -276,7 +277,8 @@ def widen(lrs: list[float], chosen: dict, declared: list[float]) -> list[float]:
 
 
 def study(ladder_path: str | Path | None, names: list[str] | None, out: Path, jobs: int,
-          force: bool = False, dry_run: bool = False, threads: int = 1) -> int:
+          force: bool = False, dry_run: bool = False, threads: int = 1,
+          launcher: str = "local") -> int:
     import torch
 
     from nlq.experiments.study_report import build_study_report
@@ -303,7 +305,9 @@ def study(ladder_path: str | Path | None, names: list[str] | None, out: Path, jo
                   f"{n}` on a GPU machine, or add --force", file=sys.stderr)
             continue
         print(f"study: rung {n}: {r.description}", file=sys.stderr)
-        rc = run_rung(ladder, r, out / n, jobs, threads) or rc
-        build_study_report(ladder, out)  # after every rung: a study stopped later shows it
+        try:
+            rc = run_rung(ladder, r, out / n, jobs, threads, launcher) or rc
+        finally:  # after every rung, and when a signal stopped it: its finished runs show
+            build_study_report(ladder, out)
     build_study_report(ladder, out)
     return rc

@@ -34,7 +34,8 @@ from pathlib import Path
 
 from nlq.errors import NlqError
 from nlq.experiments.experiment import load_experiment
-from nlq.experiments.reproduce import RunSpec, ensure_data, plan, run_all, run_states
+from nlq.experiments.reproduce import ensure_data, plan
+from nlq.experiments.runner import RunSpec, run_all, run_states
 from nlq.fsutil import write_atomic
 from nlq.runfiles import read_summary
 
@@ -177,8 +178,8 @@ def choose(specs: list[RunSpec], meta: dict) -> dict:
 def matched(by_seed: dict, baseline: str) -> dict:
     """matched[arm][lr]: the arm vs the baseline, both at that lr: the paired difference of
     final val log-loss in % of the baseline's, over the sweep's seeds, with its paired 95%
-    t-interval (nlq/eval/stats.py, as the report computes it on test)."""
-    from nlq.eval.stats import paired
+    t-interval (nlq/report/stats.py, as the report computes it on test)."""
+    from nlq.report.stats import paired
 
     out: dict[str, dict[str, dict]] = {}
     for arm, by_lr in by_seed.items():
@@ -191,7 +192,8 @@ def matched(by_seed: dict, baseline: str) -> dict:
 
 
 def sweep(experiment: str, preset: str, arms: list[str] | None, lrs: list[float], seeds: int,
-          out: Path, jobs: int, sets: dict | None = None, threads: int = 1) -> int:
+          out: Path, jobs: int, sets: dict | None = None, threads: int = 1,
+          launcher: str = "local") -> int:
     from nlq.experiments.sweep_figure import draw_sweep
 
     specs, meta = sweep_plan(experiment, preset, arms, lrs, seeds, out, sets, threads)
@@ -219,7 +221,7 @@ def sweep(experiment: str, preset: str, arms: list[str] | None, lrs: list[float]
     for s in specs:
         write_atomic(out / "configs" / s.config_name, s.cfg.to_toml())
     ensure_data(preset, specs[0].cfg)
-    failed = run_all(specs, load_experiment(experiment), jobs, out, states)
+    failed = run_all(specs, load_experiment(experiment), jobs, out, states, launcher)
     if failed:
         print(f"sweep: {len(failed)} run(s) failed: {', '.join(failed)} (see their train.log; "
               f"run the command again to retry); no lr chosen", file=sys.stderr)

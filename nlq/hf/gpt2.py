@@ -25,6 +25,8 @@ def check_gpt2(cfg) -> None:
         (cfg.n_kv_head not in (None, cfg.n_head), f"n_kv_head {cfg.n_kv_head} (GQA)"),
         (cfg.pos_emb != "learned", f"pos_emb {cfg.pos_emb!r} (GPT-2 learns positions)"),
         (cfg.qk_norm, "qk_norm (GPT-2 has none)"),
+        (cfg.query_args.get("out_norm", "none") != "none",
+         "a normalised query (query_args.out_norm; GPT-2 has none)"),
         (abs(scale * cfg.attn_scale_mult - 1 / math.sqrt(hs)) > 1e-12,
          "an attention scale other than 1/sqrt(head size)"),
     ]

@@ -1,5 +1,5 @@
 """`nlq eval`: a trained model's log-loss on a whole split of a prepared data dir, document by
-document, exactly as a run scores its test split at its end (nlq/train/evaluate.py), with a
+document, exactly as a run scores its test split at its end (nlq/run/scoring.py), with a
 95% interval over documents (a bootstrap that resamples documents, the ratio of summed nats
 to summed tokens each time)."""
 
@@ -16,9 +16,9 @@ import torch
 from nlq.config import Config, from_dict
 from nlq.errors import NlqError
 from nlq.infer.load import load_trained, run_config, same_tokenizer
-from nlq.train.batches import Batches
-from nlq.train.dist import World
-from nlq.train.evaluate import evaluate_test
+from nlq.run.batches import Batches
+from nlq.run.scoring import evaluate_test
+from nlq.run.world import World
 
 BOOTSTRAP_REPS = 2000
 

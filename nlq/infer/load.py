@@ -21,8 +21,8 @@ from nlq.data.tokenizers import Tokenizer, load
 from nlq.errors import NlqError
 from nlq.infer.convert import converted_step
 from nlq.model import Transformer, apply_fast_paths
-from nlq.train.checkpoint import chosen, verify
-from nlq.train.memory import check_inference_fits
+from nlq.run.checkpoint import chosen, verify
+from nlq.run.memory import check_inference_fits
 
 
 @dataclass

@@ -118,7 +118,7 @@ class FusedQKVAttention(Attention):
         kv = self.nkv * self.hs
         if fuse_q:
             q, k, v = out.split([out.shape[-1] - 2 * kv, kv, kv], dim=-1)
-            return q, k, v
+            return self.q.out_norm(q), k, v  # LinearQuery's norm after its projection
         k, v = out.split([kv, kv], dim=-1)
         return self.q(x), k, v
 

@@ -44,18 +44,28 @@ def _plain(cls, cfg, d_model, bias) -> tuple[int, bool]:
 
 
 class LinearQuery(nn.Module):
-    """Q = X W_Q: the standard projection (d^2 parameters)."""
+    """Q = X W_Q: the standard projection (d^2 parameters); with out_norm, Q = N(X W_Q).
+
+    Its setting ([model.query_args]): out_norm, a name in nlq.model.layers.NORMS applied to
+    the projection over the whole d_model, default "none". "layernorm" gives the query the
+    normalisation the paper's f ends in, keys untouched (the `linear-qnorm` arm: is the
+    nonlinear query's gain that normalisation?). d_model and bias are [model] keys: given
+    only to build it without a config."""
 
     scale_factor = 1.0
 
-    def __init__(self, cfg: ModelConfig | None = None, *, d_model: int | None = None,
-                 bias: bool = False):
+    def __init__(self, cfg: ModelConfig | None = None, *, out_norm: str = "none",
+                 d_model: int | None = None, bias: bool = False, norm_eps: float = 1e-5):
         super().__init__()
         d_model, bias = _plain(type(self), cfg, d_model, bias)
+        if out_norm not in NORMS:
+            raise ValueError(f"out_norm = {short(out_norm)} is not one of {', '.join(NORMS)}")
         self.proj = nn.Linear(d_model, d_model, bias=bias)
+        self.out_norm = make_norm(out_norm, d_model, bias,
+                                  cfg.norm_eps if cfg is not None else norm_eps)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.proj(x)
+        return self.out_norm(self.proj(x))
 
 
 class IdentityQuery(nn.Module):

@@ -1,5 +1,7 @@
-"""Everything torch.distributed, applied to the model from outside (torchtitan's order:
-compile per block, then DDP or FSDP2). nlq/model never sees any of it.
+"""Training's torch.distributed: the process group, and DDP or FSDP2 applied to the model
+from outside (torchtitan's order: compile per block, then wrap). nlq/model never sees any of
+it. The World of ranks and the sum over them, which scoring needs too, are
+nlq/run/world.py.
 
 Under torchrun (RANK / WORLD_SIZE / LOCAL_RANK set) a process group is created: NCCL on
 CUDA, gloo on CPU. Without torchrun everything here is a no-op on one process.
@@ -9,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -22,25 +23,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from nlq.errors import NlqError
-
-
-@dataclass(frozen=True)
-class World:
-    """This process's place among the ranks: one process (the default) or torchrun's."""
-
-    rank: int = 0
-    size: int = 1
-    local_rank: int = 0
-
-    @property
-    def main(self) -> bool:
-        """Rank 0: the one process that writes files and prints."""
-        return self.rank == 0
-
-    @property
-    def active(self) -> bool:
-        """More than one process: collectives and wrapping apply."""
-        return self.size > 1
+from nlq.run.world import World
 
 
 def resolve_device(name: str, local_rank: int = 0) -> torch.device:
@@ -108,13 +91,6 @@ def grad_sync(wrapped: torch.nn.Module, kind: str, world: World, sync: bool):
         wrapped.set_requires_gradient_sync(False)
         return contextlib.nullcontext()
     return wrapped.no_sync()
-
-
-def all_reduce_sum(t: torch.Tensor, world: World) -> torch.Tensor:
-    """t summed over the ranks, in place (and returned)."""
-    if world.active:
-        dist.all_reduce(t, op=dist.ReduceOp.SUM)
-    return t
 
 
 def max_over_ranks(value: int, world: World, device: torch.device) -> int:

@@ -24,7 +24,7 @@ from nlq import runfiles
 from nlq.config import Config, ModelConfig
 from nlq.errors import NlqError
 from nlq.model import Transformer
-from nlq.train import checkpoint
+from nlq.run import checkpoint
 
 
 @dataclass

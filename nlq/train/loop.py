@@ -31,10 +31,12 @@ from nlq.errors import NlqError, os_error_text
 from nlq.extras import need
 from nlq.fsutil import write_atomic
 from nlq.model.params import flops_per_token
+from nlq.run import checkpoint, memory
+from nlq.run.scoring import evaluate, evaluate_test
+from nlq.run.world import all_reduce_sum
 from nlq.sysinfo import check_threads, machine_record
-from nlq.train import checkpoint, dist, init_from, memory
+from nlq.train import dist, init_from
 from nlq.train.console import PlainLog, peak_memory_mb, progress_bar, stop_on_signals
-from nlq.train.evaluate import evaluate, evaluate_test
 from nlq.train.optim import lr_at, make_optimizer, step_seed
 from nlq.train.rundir import RunDir, finished, prepare_run_dir
 from nlq.train.setup import Run, compile_model, set_up
@@ -252,7 +254,7 @@ def train_step(run: Run, step: int) -> tuple[float, float, float]:
     grad_norm = torch.nn.utils.clip_grad_norm_(run.wrapped.parameters(), clip)
     grad_norm = float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor")
                       else grad_norm)
-    train_loss = dist.all_reduce_sum(loss_sum / len(micros), world).item() / world.size
+    train_loss = all_reduce_sum(loss_sum / len(micros), world).item() / world.size
     if not (math.isfinite(train_loss) and math.isfinite(grad_norm)):
         kept = (f"the last good checkpoint in {run.files.path / 'ckpt'} is kept"
                 if checkpoint.any_saved(run.files.path) else "no checkpoint was written yet")
@@ -266,7 +268,7 @@ def train_step(run: Run, step: int) -> tuple[float, float, float]:
 
 def save_checkpoint(run: Run, pos: Position) -> None:
     """Full weights and AdamW state (gathering them is a collective under FSDP) with the
-    position, written by rank 0 (nlq/train/checkpoint.py)."""
+    position, written by rank 0 (nlq/run/checkpoint.py)."""
     model_sd, optim_sd = dist.full_state(run.wrapped, run.optimizer)
     if not run.world.main:
         return

@@ -1,5 +1,5 @@
 """Writing a run dir (its layout: nlq/runfiles.py): config.toml, metrics.jsonl, tb/, ckpt/
-(nlq/train/checkpoint.py), summary.json, test_docs.json, and a lock so two processes never write one run. Rank 0 alone writes it.
+(nlq/run/checkpoint.py), summary.json, test_docs.json, and a lock so two processes never write one run. Rank 0 alone writes it.
 
 A new run goes into a new or empty folder, or one holding only what `nlq reproduce` puts
 there before it starts a run (arm.json, train.log) and the `.lock` of a killed start: a folder

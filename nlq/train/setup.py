@@ -11,8 +11,9 @@ import torch
 
 from nlq.config import Config
 from nlq.model import Transformer, apply_fast_paths
+from nlq.run.batches import Batches
+from nlq.run.world import World
 from nlq.train import dist, faults, init_from
-from nlq.train.batches import Batches
 from nlq.train.optim import make_optimizer
 from nlq.train.rundir import RunDir
 from nlq.train.spikes import Spikes
@@ -23,7 +24,7 @@ class Run:
     """What the steps of one run share, built once by set_up()."""
 
     cfg: Config
-    world: dist.World
+    world: World
     device: torch.device
     files: RunDir
     batches: Batches
@@ -36,7 +37,7 @@ class Run:
     init: dict | None = None  # what train.init_from loaded at step 0, for the meta row
 
 
-def set_up(cfg: Config, files: RunDir, world: dist.World, device: torch.device,
+def set_up(cfg: Config, files: RunDir, world: World, device: torch.device,
            init: init_from.Init | None = None) -> Run:
     """The batches (the data is checked before any model is built), the model initialised
     from train.seed (then from init, train.init_from's tensors, where given), compiled per

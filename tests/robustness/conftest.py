@@ -36,7 +36,7 @@ import json, os, shutil, sys, traceback
 import torch
 torch.set_num_threads(1)
 from nlq.cli import main
-import nlq.data.prepare, nlq.eval.report, nlq.experiments.reproduce, nlq.train.loop  # noqa
+import nlq.data.prepare, nlq.report.report, nlq.experiments.reproduce, nlq.train.loop  # noqa
 
 def warm_up(cfg_path, scratch):
     # one tiny run in this process: what a first training run loads lazily is loaded once

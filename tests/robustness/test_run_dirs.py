@@ -47,9 +47,9 @@ from helpers import (
 
 from nlq.config import flatten, load_config, parse_sets
 from nlq.errors import NlqError
-from nlq.eval.runs import read_run
 from nlq.experiments.experiment import load_experiment
 from nlq.experiments.reproduce import RunSpec, plan, read_sweep_lrs, run_states, with_lrs
+from nlq.report.runs import read_run
 
 one_thread = helpers.one_thread  # autouse: this process compares tensors on one thread
 
@@ -79,7 +79,7 @@ def train(zygote, cfg: Path, out: Path, *sets: str, **env):
 
 def bad_data(tmp: Path, failure: str) -> Path:
     """A data dir that passes the first check (meta.json and sizes) and fails while the run
-    is set up (nlq/train/batches.py): the start that used to leave config.toml behind."""
+    is set up (nlq/run/batches.py): the start that used to leave config.toml behind."""
     if failure == "no test split":  # train.test_eval needs one
         return make_data(tmp / "no-test", n_train=2000, n_val=400, n_test=None)
     d = make_data(tmp / "val-ids", n_train=2000, n_val=400)

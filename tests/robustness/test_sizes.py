@@ -2,7 +2,7 @@
 the key, instead of crashing later or eating the machine.
 
 - sizes that cannot fit: `nlq train` estimates the run's peak memory from the config
-  (nlq/train/memory.py) before anything is built or written, and refuses with the key that
+  (nlq/run/memory.py) before anything is built or written, and refuses with the key that
   makes it large; `nlq params` counts any size at once without building it;
 - integers: every integer key has a range, checked when the config loads (seeds >= 0, sizes
   below 2^31, everything within 64 bits);
@@ -34,7 +34,7 @@ from nlq.config import SECTIONS, ModelConfig, load_config, parse_sets
 from nlq.errors import NlqError, cut_long, os_error_text, short
 from nlq.model import Transformer
 from nlq.model.params import count_params
-from nlq.train import memory
+from nlq.run import memory
 
 one_thread = helpers.one_thread  # autouse: this process compares tensors on one thread
 
@@ -308,8 +308,8 @@ def test_loss_of_a_batch_without_targets_is_zero(return_logits):
 def test_encoder_trains_through_micro_batches_that_mask_nothing(data, zygote, tmp_path):
     """mlm_prob 0.016 (1.02 masked tokens per micro-batch on average): some micro-batches of
     the run mask nothing (checked on its own batches); it finishes with finite losses."""
-    from nlq.train.batches import Batches
-    from nlq.train.dist import World
+    from nlq.run.batches import Batches
+    from nlq.run.world import World
 
     cfg = tiny_config(data, **{"model.arch": "encoder", "train.mlm_prob": 0.016,
                                "train.max_steps": 6, "train.test_eval": False})

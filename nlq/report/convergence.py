@@ -17,7 +17,7 @@ import math
 
 import numpy as np
 
-from nlq.eval.runs import Run
+from nlq.report.runs import Run
 
 WINDOW = 0.10  # the last 10% of the steps
 

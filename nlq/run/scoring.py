@@ -1,7 +1,9 @@
-"""The validation loss of a run: a sum of nats over a sum of target tokens on the fixed val
-windows, all-reduced over the ranks (so it is the same for every world size); and the test
-split's loss, once, at the end of a run, per document and per fixed-length chunk of the
-test stream (the units the report's bootstrap resamples: nlq/eval/bootstrap.py)."""
+"""A run's scoring: the validation loss, a sum of nats over a sum of target tokens on the
+fixed val windows, all-reduced over the ranks (so it is the same for every world size); and
+the test split's loss, once, at the end of a run, per document and per fixed-length chunk of
+the test stream (the units the report's bootstrap resamples: nlq/report/bootstrap.py).
+Training scores with both (nlq/train/loop.py); `nlq eval` scores a trained model's split
+the same way as the test split (nlq/infer/evaluate.py)."""
 
 from __future__ import annotations
 
@@ -11,12 +13,12 @@ import math
 import numpy as np
 import torch
 
-from nlq.train import dist
-from nlq.train.batches import Batches
+from nlq.run.batches import Batches
+from nlq.run.world import World, all_reduce_sum
 
 
 @torch.no_grad()
-def evaluate(wrapped: torch.nn.Module, batches: Batches, world: dist.World,
+def evaluate(wrapped: torch.nn.Module, batches: Batches, world: World,
              autocast: contextlib.AbstractContextManager) -> tuple[float, float]:
     """(val loss, val perplexity) of the model on this rank's val chunks, all ranks."""
     wrapped.eval()
@@ -28,15 +30,15 @@ def evaluate(wrapped: torch.nn.Module, batches: Batches, world: dist.World,
             _, loss = wrapped(x, y, prefix_len=batches.prefix_len, reduction="sum")
         nats += loss.double()
         count += (y >= 0).sum()
-    dist.all_reduce_sum(nats, world)
-    dist.all_reduce_sum(count, world)
+    all_reduce_sum(nats, world)
+    all_reduce_sum(count, world)
     wrapped.train()
     loss = (nats / count).item()
     return loss, math.exp(min(loss, 700.0))  # exp overflows a float beyond ~709
 
 
 @torch.no_grad()
-def evaluate_test(wrapped: torch.nn.Module, batches: Batches, world: dist.World,
+def evaluate_test(wrapped: torch.nn.Module, batches: Batches, world: World,
                   autocast: contextlib.AbstractContextManager, split: str = "test") -> dict:
     """The whole test split: {"doc", "nats", "tokens"} per test document (the sum of nats and
     the number of scored tokens), and {"chunk_size", "chunk_nats", "chunk_tokens"} per chunk
@@ -79,7 +81,7 @@ def evaluate_test(wrapped: torch.nn.Module, batches: Batches, world: dist.World,
             slot_nats[c * B:c * B + len(rows)] = loss.double()
             slot_scored[c * B:c * B + len(rows)] = (y >= 0).double()
     for t in (nats, count, slot_nats, slot_scored):
-        dist.all_reduce_sum(t, world)
+        all_reduce_sum(t, world)
     wrapped.train()
     scored = slot_scored.flatten() > 0  # (N*T,) in stream order
     which = torch.arange(int(scored.sum()), device=dev) // batches.T  # (scored,) its chunk

@@ -29,7 +29,7 @@ from nlq.data.schedule import (
     val_windows,
 )
 from nlq.errors import NlqError
-from nlq.train.dist import World
+from nlq.run.world import World
 
 
 class Ahead:

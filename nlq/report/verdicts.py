@@ -1,11 +1,11 @@
 """The verdicts report.json reads from the Holm family's outcomes, and the sentences that
-describe a comparison without one (nlq.eval.summary puts them in the report).
+describe a comparison without one (nlq.report.summary puts them in the report).
 
-A pair of arms outside the pre-registered comparisons (nlq.eval.claims, nlq.eval.compare) and
+A pair of arms outside the pre-registered comparisons (nlq.report.claims, nlq.report.compare) and
 the positive control is described, never judged (describe). The declared ordering holds or
 fails only where each neighbouring pair has an outcome (ordering); a nonlinear gain
 "survives" a QK-norm baseline only where both of its pairs have one (strong_baseline); a
-verdict that changes with the summation order (nlq.eval.noise) is given as no finding
+verdict that changes with the summation order (nlq.report.noise) is given as no finding
 (stable_verdict). The number formats here are those of every sentence and table cell.
 """
 
@@ -13,12 +13,12 @@ from __future__ import annotations
 
 from itertools import pairwise
 
-from nlq.eval.claims import Claims
-from nlq.eval.compare import numbers, outcome
-from nlq.eval.compare import verdict as prereg_verdict
-from nlq.eval.noise import OUTCOME_WORDS
-from nlq.eval.runs import Run, final
-from nlq.eval.stats import Estimate, Paired, paired
+from nlq.report.claims import Claims
+from nlq.report.compare import numbers, outcome
+from nlq.report.compare import verdict as prereg_verdict
+from nlq.report.noise import OUTCOME_WORDS
+from nlq.report.runs import Run, final
+from nlq.report.stats import Estimate, Paired, paired
 
 
 def fmt_pct(x: float) -> str:

@@ -4,11 +4,11 @@ any of them gets a verdict.
 Each comparison (arm vs against, paired by seed) gets: the mean relative difference in % of
 the against arm's log-loss, the paired 95% t-interval over seeds, its half-width, the sd of
 the per-seed differences, a two-level bootstrap interval over seeds and test units (chunks of
-the test stream, or documents for runs that recorded none: nlq/eval/bootstrap.py), and, for
+the test stream, or documents for runs that recorded none: nlq/report/bootstrap.py), and, for
 the pre-registered ones, Holm's correction for their number: the i-th smallest of m p-values
 is compared at 0.05 / (m - i + 1), and its interval is the t-interval at that level.
 
-The pre-registered comparisons (the experiment's hypothesis.comparisons, nlq/eval/claims.py)
+The pre-registered comparisons (the experiment's hypothesis.comparisons, nlq/report/claims.py)
 are the Holm family and the only comparisons that get a verdict: every other statement of
 the report about two arms is derived from their outcomes or is a description. A verdict
 says "beats" or "worse" only where the Holm interval and the bootstrap interval both exclude
@@ -24,10 +24,10 @@ import json
 import numpy as np
 
 from nlq import runfiles
-from nlq.eval.bootstrap import paired_bootstrap
-from nlq.eval.runs import Run, final
-from nlq.eval.stats import LEVEL, mean_ci, paired
 from nlq.extras import need
+from nlq.report.bootstrap import paired_bootstrap
+from nlq.report.runs import Run, final
+from nlq.report.stats import LEVEL, mean_ci, paired
 
 
 def test_units(runs: list[Run]) -> tuple[list[np.ndarray] | None, str]:

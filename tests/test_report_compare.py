@@ -10,13 +10,13 @@ import math
 
 import numpy as np
 import pytest
-from test_eval_report import declare_paper, make_run
+from test_report import declare_paper, make_run
 
-from nlq.eval.bootstrap import paired_bootstrap
-from nlq.eval.compare import holm
-from nlq.eval.references import Bigram
-from nlq.eval.report import build_report, summary_lines
-from nlq.eval.stats import mean_ci
+from nlq.report.bootstrap import paired_bootstrap
+from nlq.report.compare import holm
+from nlq.report.references import Bigram
+from nlq.report.report import build_report, summary_lines
+from nlq.report.stats import mean_ci
 
 
 def add_test(d, doc_nats: list[float], doc_tokens: list[int], spikes=()):

@@ -1,6 +1,6 @@
 """The arms of report.json: one row per arm, with its config, its statistics over seeds
-(nlq.eval.stats.mean_ci) and its paired comparison against the baseline, described
-(nlq.eval.verdicts.describe); the baseline first, then the others by name."""
+(nlq.report.stats.mean_ci) and its paired comparison against the baseline, described
+(nlq.report.verdicts.describe); the baseline first, then the others by name."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import math
 from collections.abc import Sequence
 
 from nlq.config import flatten
-from nlq.eval.runs import Run, final
-from nlq.eval.stats import mean_ci, paired
-from nlq.eval.verdicts import describe
+from nlq.report.runs import Run, final
+from nlq.report.stats import mean_ci, paired
+from nlq.report.verdicts import describe
 
 
 def arm_rows(by_arm: dict[str, list[Run]], baseline: str, family: set) -> dict[str, dict]:

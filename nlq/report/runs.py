@@ -9,7 +9,7 @@ enter the statistics; the others keep the reason in Run.problem.
 A run whose arm.json says "replicate": true is a numerical replicate (`nlq reproduce
 --replicates`): the run of its arm and seed again at another thread count, so with floats
 summed in another order. It is never a seed: the seed statistics read primary runs only,
-and the report's rounding-noise section (nlq/eval/noise.py) sets each replicate beside the
+and the report's rounding-noise section (nlq/report/noise.py) sets each replicate beside the
 primary run of its arm and seed.
 """
 
@@ -43,7 +43,7 @@ class Run:
     """Why the run is not in the statistics (None for a finished run)."""
     notes: list[str] = field(default_factory=list)
     loss_key: str = "val_loss"
-    """The summary key the statistics use: test_loss when every run has one (nlq.eval.summary)."""
+    """The summary key the statistics use: test_loss when every run has one (nlq.report.summary)."""
     replicate: bool = False
     """arm.json's "replicate": the same arm and seed at another thread count, not a seed."""
 

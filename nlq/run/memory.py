@@ -232,7 +232,7 @@ def check_fits(cfg: Config, device: torch.device, procs: int = 1, shards: int = 
     raise NlqError(
         f"{key} = {_value(cfg, key)} does not fit: training needs about {each}"
         f"{gib(est.total)} ({big}) and {device.type} has {gib(free)} free: lower {key} (a "
-        f"rough estimate, nlq/train/memory.py; NLQ_MEMORY_CHECK=0 skips it)")
+        f"rough estimate, nlq/run/memory.py; NLQ_MEMORY_CHECK=0 skips it)")
 
 
 def check_inference_fits(m: ModelConfig, what: str) -> None:

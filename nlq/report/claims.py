@@ -3,7 +3,7 @@ ordering of arms it expects ([hypothesis]) and the published figures it is set b
 ([reference]).
 
 hypothesis.comparisons is the Holm family: the only comparisons the report gives a verdict
-on (nlq/eval/compare.py); the ordering and the QK-norm question are read from their outcomes
+on (nlq/report/compare.py); the ordering and the QK-norm question are read from their outcomes
 and the positive control's, and every other pair of arms is only described. An experiment
 that wants another pair judged lists it there.
 

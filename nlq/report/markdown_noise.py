@@ -1,10 +1,10 @@
-"""The sections of report.md (nlq.eval.markdown) on how settled its numbers are: numerical
-noise, what a change of float summation order moves (nlq.eval.noise), and convergence, how
-far the val loss was still falling at the end (nlq.eval.convergence)."""
+"""The sections of report.md (nlq.report.markdown) on how settled its numbers are: numerical
+noise, what a change of float summation order moves (nlq.report.noise), and convergence, how
+far the val loss was still falling at the end (nlq.report.convergence)."""
 
 from __future__ import annotations
 
-from nlq.eval.noise import share_text
+from nlq.report.noise import share_text
 
 
 def noise_section(rep: dict) -> list[str]:

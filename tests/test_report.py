@@ -1,4 +1,4 @@
-"""nlq.eval.report and `nlq report`: numbers recomputed from synthetic run dirs, Fig. 1, CLI."""
+"""nlq.report.report and `nlq report`: numbers recomputed from synthetic run dirs, Fig. 1, CLI."""
 
 import dataclasses
 import json
@@ -13,9 +13,9 @@ import matplotlib.image
 import pytest
 
 from nlq.config import load_config
-from nlq.eval.report import build_report
-from nlq.eval.runs import collect
 from nlq.experiments.experiment import experiment_toml, load_experiment
+from nlq.report.report import build_report
+from nlq.report.runs import collect
 
 T975_1 = 12.706204736174707  # t_{0.975, 1}: two seeds -> 1 degree of freedom
 STEPS = [0, 10, 20, 30]
@@ -64,7 +64,7 @@ def declare_paper(exp: Path, control: bool = False) -> Path:
     """exp/experiment.toml as `nlq reproduce` writes it for the paper experiment: the report
     reads the paper's ordering and figures from there. control=False drops the positive
     control, so that these synthetic runs (no linear+12.5% arm) get verdicts: the tests of
-    the gate itself are in test_eval_compare.py."""
+    the gate itself are in test_report_compare.py."""
     exp.mkdir(parents=True, exist_ok=True)
     paper = load_experiment("paper")
     if not control:
@@ -216,7 +216,7 @@ def test_no_gain_over_the_baseline_has_none_to_survive(tmp_path):
     """nonlinear no better than linear, both clearly better than qk: "yes, it survives" would
     claim a gain that is not there; the answer says so and only describes the pair. Both
     pairs are pre-registered here: outside the Holm family the pair is only described."""
-    from nlq.eval.claims import Claims
+    from nlq.report.claims import Claims
 
     exp, data_dir = tmp_path / "exp", None
     for seed, shift in ((0, 0.0), (1, 0.02), (2, -0.01)):
@@ -345,7 +345,7 @@ def test_cli_report(experiment, tmp_path, capsys):
 ])
 def test_bad_claims_name_the_key(raw, match):
     from nlq.errors import NlqError
-    from nlq.eval.claims import claims_from_dict
+    from nlq.report.claims import claims_from_dict
 
     with pytest.raises(NlqError, match=match):
         claims_from_dict(raw, "e.toml")

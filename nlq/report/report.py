@@ -1,9 +1,9 @@
-"""The report of an experiment: report.json (nlq.eval.summary), report.md (nlq.eval.markdown)
-and Fig. 1 (nlq.eval.figure) from run folders (nlq.eval.runs; numerical replicates among them
-are read as such, nlq.eval.noise), and the lines both `nlq report` and `nlq reproduce` print.
+"""The report of an experiment: report.json (nlq.report.summary), report.md (nlq.report.markdown)
+and Fig. 1 (nlq.report.figure) from run folders (nlq.report.runs; numerical replicates among them
+are read as such, nlq.report.noise), and the lines both `nlq report` and `nlq reproduce` print.
 
 What the experiment declares (its expected ordering, the paper's figures) comes from
-nlq.eval.claims: passed in, or read from the experiment.toml that `nlq reproduce` writes.
+nlq.report.claims: passed in, or read from the experiment.toml that `nlq reproduce` writes.
 """
 
 from __future__ import annotations
@@ -15,11 +15,11 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from nlq.errors import NlqError
-from nlq.eval.claims import Claims, find_claims
-from nlq.eval.figure import draw_fig1
-from nlq.eval.markdown import answer_lines, render_markdown
-from nlq.eval.runs import Run, collect
-from nlq.eval.summary import summarize
+from nlq.report.claims import Claims, find_claims
+from nlq.report.figure import draw_fig1
+from nlq.report.markdown import answer_lines, render_markdown
+from nlq.report.runs import Run, collect
+from nlq.report.summary import summarize
 
 
 def build_report(runs: Sequence[str | Path] | Sequence[Run], out_dir: str | Path,

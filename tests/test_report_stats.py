@@ -1,10 +1,10 @@
-"""nlq.eval.stats: the t quantile against tables and closed forms, intervals against hand sums."""
+"""nlq.report.stats: the t quantile against tables and closed forms, intervals against hand sums."""
 
 import math
 
 import pytest
 
-from nlq.eval.stats import (
+from nlq.report.stats import (
     mean_ci,
     paired,
     ppl_change_pct,

@@ -1,15 +1,15 @@
 """Fig. 1 as the paper draws it (docs/paper.md, "The paper's numbers"): top, val log-loss
 against steps per arm; bottom, improvement over the baseline in % against steps (positive =
 lower loss than the baseline); below, the reference figures the experiment declares. Primary
-runs only: numerical replicates are no seeds (nlq/eval/runs.py)."""
+runs only: numerical replicates are no seeds (nlq/report/runs.py)."""
 
 from __future__ import annotations
 
 import textwrap
 from pathlib import Path
 
-from nlq.eval.runs import Run
 from nlq.extras import need
+from nlq.report.runs import Run
 
 
 def _curve(runs: list[Run], value) -> tuple[list[int], list[list[float]]]:
@@ -29,7 +29,7 @@ def draw_fig1(runs: list[Run], rep: dict, path: Path) -> None:
     base = rep["baseline"]
     by_arm: dict[str, list[Run]] = {}
     for r in runs:
-        if r.finished and not r.replicate:  # seeds only: a replicate is no seed (nlq/eval/runs.py)
+        if r.finished and not r.replicate:  # seeds only: a replicate is no seed (nlq/report/runs.py)
             by_arm.setdefault(r.arm, []).append(r)
     arms = [row["arm"] for row in rep["arms"]]
     fig = Figure(figsize=(8, 8.5))
@@ -99,7 +99,7 @@ def draw_fig1(runs: list[Run], rep: dict, path: Path) -> None:
 
 
 def _caption(p: dict) -> list[str]:
-    """The declared reference figures (nlq.eval.claims) as changes vs the paper's baseline,
+    """The declared reference figures (nlq.report.claims) as changes vs the paper's baseline,
     one line per version: the numbers of report.md's table."""
     by_version: dict[str, list[str]] = {}
     for e in p["figures"]:

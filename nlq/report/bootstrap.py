@@ -1,7 +1,7 @@
 """A two-level bootstrap of a paired comparison: over seeds, then over units of the test split
 within each seed.
 
-The paired t-interval (nlq/eval/stats.py) sees only seed-to-seed variation; the test split is
+The paired t-interval (nlq/report/stats.py) sees only seed-to-seed variation; the test split is
 a finite sample of text too. Each replicate draws n seeds with replacement and, within each
 drawn seed, the test units with replacement (the same units for both arms of the pair),
 recomputes each arm's log-loss as sum(nats) / sum(tokens) over the drawn units, and averages
@@ -9,7 +9,7 @@ the per-seed relative differences. The 95% interval is the 2.5 and 97.5 percenti
 replicates.
 
 The units are chunks of block_size scored tokens of the test stream where the runs recorded
-them (nlq/train/evaluate.py), else documents: one document holds 44% of the `small` preset's
+them (nlq/run/scoring.py), else documents: one document holds 44% of the `small` preset's
 test tokens, so a bootstrap over documents mostly measures whether that one was drawn.
 
 Legend: R replicates, n seeds, D units.

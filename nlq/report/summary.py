@@ -1,22 +1,22 @@
 """The content of report.json: statistics over seeds, and verdicts that claim only what the
 intervals support.
 
-Arms are compared to the baseline seed by seed (nlq.eval.stats.paired): the paper ran one
+Arms are compared to the baseline seed by seed (nlq.report.stats.paired): the paper ran one
 seed per arm (docs/paper.md, "The paper's numbers"), so every number here is sized by the
 paired 95% t-interval, and a single seed is reported as a single observation.
 
 Verdicts come only from the Holm family: the experiment's pre-registered comparisons
-(nlq.eval.claims, nlq.eval.compare), once the positive control has passed. Every other
+(nlq.report.claims, nlq.report.compare), once the positive control has passed. Every other
 statement about two arms is derived from their outcomes or only described: each arm against
 the baseline is described; the declared ordering holds or fails only where each neighbouring
 pair is a pre-registered comparison or the positive control; a nonlinear gain "survives" a
 QK-norm baseline only where both pairs are pre-registered. Seeds are primary runs only;
-numerical replicates (nlq.eval.runs) measure rounding noise (nlq.eval.noise), and a verdict
-that changes when they replace their primaries is no finding. Convergence: nlq.eval.convergence.
+numerical replicates (nlq.report.runs) measure rounding noise (nlq.report.noise), and a verdict
+that changes when they replace their primaries is no finding. Convergence: nlq.report.convergence.
 
 Here the report is put together: the seeds, the split, the notes, the data dirs; each arm's
-row comes from nlq.eval.arm_rows, the verdicts read from the Holm family from
-nlq.eval.verdicts.
+row comes from nlq.report.arm_rows, the verdicts read from the Holm family from
+nlq.report.verdicts.
 """
 
 from __future__ import annotations
@@ -26,15 +26,15 @@ import math
 from pathlib import Path
 
 from nlq.errors import NlqError
-from nlq.eval.arm_rows import arm_rows
-from nlq.eval.claims import Claims
-from nlq.eval.compare import control_line, judge, outcome, passed
-from nlq.eval.convergence import convergence, convergence_text
-from nlq.eval.noise import numerical_noise, rounding_line, share_sentence
-from nlq.eval.references import references
-from nlq.eval.runs import Run, final, read_json
-from nlq.eval.stats import LEVEL
-from nlq.eval.verdicts import (
+from nlq.report.arm_rows import arm_rows
+from nlq.report.claims import Claims
+from nlq.report.compare import control_line, judge, outcome, passed
+from nlq.report.convergence import convergence, convergence_text
+from nlq.report.noise import numerical_noise, rounding_line, share_sentence
+from nlq.report.references import references
+from nlq.report.runs import Run, final, read_json
+from nlq.report.stats import LEVEL
+from nlq.report.verdicts import (
     NUMBER_WORDS,
     ci_text,
     describe,
@@ -53,7 +53,7 @@ __all__ = ["NUMBER_WORDS", "ci_text", "describe", "final", "fmt_pct", "fmt_signe
 
 def _data_info(runs: list[Run], split: str) -> dict:
     """meta.json of each data dir, and the unigram and bigram references on the report's
-    split (nlq/eval/references.py)."""
+    split (nlq/report/references.py)."""
     from nlq.data.schedule import TokenData
 
     dirs = sorted({r.cfg.data.dir for r in runs})

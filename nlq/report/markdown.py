@@ -1,15 +1,15 @@
-"""report.md from report.json's content (nlq.eval.summary.summarize): one function per
+"""report.md from report.json's content (nlq.report.summary.summarize): one function per
 section, in the order they appear; the sections on numerical noise and convergence are
-rendered by nlq.eval.markdown_noise. Its first lines say what stops a verdict: a verdict or a
-control status that changes with the summation order (nlq.eval.noise), then the positive
+rendered by nlq.report.markdown_noise. Its first lines say what stops a verdict: a verdict or a
+control status that changes with the summation order (nlq.report.noise), then the positive
 control."""
 
 from __future__ import annotations
 
 import json
 
-from nlq.eval.markdown_noise import convergence_section, noise_section
-from nlq.eval.verdicts import fmt_signed
+from nlq.report.markdown_noise import convergence_section, noise_section
+from nlq.report.verdicts import fmt_signed
 
 
 def render_markdown(rep: dict, fig_name: str | None = "fig1.png") -> str:
@@ -227,7 +227,7 @@ def _end(x: str) -> str:
 
 
 def _reference(p: dict) -> list[str]:
-    """The published figures the experiment declares (nlq.eval.claims), as one table."""
+    """The published figures the experiment declares (nlq.report.claims), as one table."""
     L = ["## The paper's figures (another scale: not comparable one-to-one)", "",
          f"{p['cite']}; {p['setting']}.", "",
          "| version | arm | val log-loss | Δ log-loss % vs baseline | Δ perplexity % |",

@@ -5,7 +5,7 @@ A run's final loss on CPU is a chaotic function of float rounding: the thread co
 CPU's ISA path change the summation order, and training amplifies the difference. `nlq
 reproduce --replicates K --replicate-threads M` trains seeds 0..K-1 of every arm again at M
 threads (nlq/experiments/reproduce.py); each such replicate is set beside the primary run of
-its arm and seed (nlq/eval/runs.py), never counted as a seed. From them:
+its arm and seed (nlq/report/runs.py), never counted as a seed. From them:
 
 - per replicated run, replicate - primary in % of the primary's log-loss (the report's
   metric: test where every primary run has it, else val), with their RMS and sd;
@@ -19,7 +19,7 @@ its arm and seed (nlq/eval/runs.py), never counted as a seed. From them:
 - each verdict and the control status recomputed with the replicated seeds' primaries
   swapped for their replicates (one swap per replicate thread count). A verdict that
   changes does not survive a change of summation order, and the report gives it as no
-  finding (nlq/eval/verdicts.py).
+  finding (nlq/report/verdicts.py).
 """
 
 from __future__ import annotations
@@ -27,9 +27,9 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-from nlq.eval.compare import outcome, passed
-from nlq.eval.runs import Run
-from nlq.eval.stats import rel_change_pct
+from nlq.report.compare import outcome, passed
+from nlq.report.runs import Run
+from nlq.report.stats import rel_change_pct
 
 LARGE_SHARE = 0.25
 """Rounding variance / seed-to-seed variance from which the report says rounding noise is a
@@ -63,7 +63,7 @@ def numerical_noise(by_arm: dict[str, list[Run]], replicates: list[Run], control
     """The rounding-noise section of report.json. by_arm: the primary runs, each with its
     loss_key set; replicates: finished replicate runs; control, comps: the positive control
     and the pre-registered comparisons of the primaries; rejudge(by_arm) computes them again
-    (nlq.eval.compare.judge) for the swapped runs."""
+    (nlq.report.compare.judge) for the swapped runs."""
     primaries = [r for rs in by_arm.values() for r in rs]
     prim = {(r.arm, r.seed): r for r in primaries}
     out = {"runs": machine_rows(primaries + replicates),

@@ -1,0 +1,118 @@
+"""Launchers: how the runs of an experiment are started, one interface chosen by name.
+
+A launcher decides whether the next run fits beside the running ones and starts its
+`nlq train` command as a child process. Everything above it is the same for every launcher
+and written once (nlq/experiments/runner.py): which runs are finished, resumed or new, a
+changed config refused, the queue, signals forwarded to the children, what failed.
+
+- "local": child processes on this machine within a budget of CPU threads (jobs x the
+  command's threads): a run at more threads (a numerical replicate) waits for room, because
+  an oversubscribed core stalls a multi-threaded run's barriers many times over (measured:
+  10x, docs/experiments.md); a run needing more than the budget runs alone.
+- "gpus": --jobs runs per visible GPU at a time (default one), each child seeing only its
+  own GPU (CUDA_VISIBLE_DEVICES), for a study on a machine of several GPUs.
+
+A cluster scheduler (e.g. Slurm through submitit) would be a third class here with the same
+two methods.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from typing import IO, Protocol
+
+from nlq.errors import NlqError
+
+
+@dataclass
+class Job:
+    """A started run: its child process, the file its output goes to, the slot it holds."""
+
+    key: object  # the runner's handle for the run (its RunSpec)
+    proc: subprocess.Popen
+    log: IO[str]
+    threads: int
+    slot: str | None = None  # the GPU it holds ("gpus")
+
+
+class Launcher(Protocol):
+    name: str
+
+    def fits(self, running: list[Job], threads: int) -> bool:
+        """Whether a run at `threads` CPU threads may start beside the running ones."""
+
+    def start(self, key: object, cmd: list[str], log: IO[str], threads: int,
+              running: list[Job]) -> Job:
+        """Start `nlq CMD` (its output to log) and return its Job."""
+
+
+def _spawn(cmd: list[str], log: IO[str], env: dict[str, str]) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "nlq", *cmd, "--no-progress"],
+                            stdout=log, stderr=subprocess.STDOUT, env=env)
+
+
+@dataclass
+class Local:
+    """Child processes on this machine, within `budget` CPU threads."""
+
+    budget: int
+    name: str = "local"
+
+    def fits(self, running: list[Job], threads: int) -> bool:
+        return not running or sum(j.threads for j in running) + threads <= self.budget
+
+    def start(self, key, cmd, log, threads, running) -> Job:
+        # the run sets its own pool (train.threads); OpenMP outside torch's pool agrees
+        env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
+        return Job(key, _spawn(cmd, log, env), log, threads)
+
+
+@dataclass
+class Gpus:
+    """per_device runs on each GPU of `devices` (the ids a child may be given as its
+    CUDA_VISIBLE_DEVICES; default: every visible GPU)."""
+
+    devices: list[str] = field(default_factory=list)
+    per_device: int = 1
+    name: str = "gpus"
+
+    def __post_init__(self):
+        if not self.devices:
+            self.devices = visible_gpus()
+        if not self.devices:
+            raise NlqError("--launcher gpus: no CUDA GPU is visible here (use --launcher local)")
+
+    def fits(self, running: list[Job], threads: int) -> bool:
+        return len(running) < len(self.devices) * self.per_device
+
+    def start(self, key, cmd, log, threads, running) -> Job:
+        held = [j.slot for j in running]
+        device = min(self.devices, key=held.count)  # the least busy GPU
+        env = {**os.environ, "OMP_NUM_THREADS": str(threads), "CUDA_VISIBLE_DEVICES": device}
+        return Job(key, _spawn(cmd, log, env), log, threads, slot=device)
+
+
+def visible_gpus() -> list[str]:
+    """The GPU ids this process may hand out: CUDA_VISIBLE_DEVICES where set, else every
+    device torch sees."""
+    env = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if env is not None:
+        return [d.strip() for d in env.split(",") if d.strip()]
+    import torch
+
+    return [str(i) for i in range(torch.cuda.device_count())] if torch.cuda.is_available() else []
+
+
+LAUNCHERS = ("local", "gpus")
+
+
+def make_launcher(name: str, jobs: int, threads: int) -> Launcher:
+    """The launcher `name` for a command of `jobs` runs at a time at `threads` threads each."""
+    if name == "local":
+        return Local(budget=jobs * threads)
+    if name == "gpus":
+        return Gpus(per_device=jobs)
+    raise NlqError(f"--launcher {name!r} is not one of {', '.join(LAUNCHERS)}")

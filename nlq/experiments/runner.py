@@ -1,0 +1,216 @@
+"""Running an experiment's planned runs: the bookkeeping every launcher shares.
+
+Before anything is written, each planned run's state (run_states): finished (skipped),
+resume (a checkpoint), or new; a run dir holding another config is refused, naming the keys
+that differ. Then run_all trains what is left through a launcher (nlq/experiments/launch.py:
+local processes within a thread budget, or one run per GPU): each run is a child `nlq train`,
+so a crash or a divergence of one never takes the others down. SIGINT / SIGTERM to the
+command stop it cleanly: no new run starts, the signal is passed to every running child (each
+checkpoints at its next step boundary and exits), and the command waits for them, then raises
+Interrupted; the same command continues where they stopped, to the same numbers.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from nlq import runfiles
+from nlq.config import Config, flatten, load_config
+from nlq.errors import NlqError
+from nlq.experiments.launch import make_launcher
+from nlq.fsutil import write_atomic
+from nlq.runfiles import read_summary
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    arm: str
+    seed_index: int
+    cfg: Config
+    run_dir: Path
+    tag: str = ""  # e.g. a sweep's lr: part of the config file's name
+    replicate: bool = False
+    """A numerical replicate: the run of (arm, seed_index) again at another thread count,
+    i.e. another float summation order; it measures rounding noise and is never a seed."""
+
+    @property
+    def config_name(self) -> str:
+        rep = f"-threads{self.cfg.train.threads}" if self.replicate else ""
+        return f"{self.tag}{self.arm}-seed{self.seed_index}{rep}.toml"
+
+    @property
+    def threads(self) -> int:
+        return self.cfg.train.threads or 1
+
+
+class Interrupted(NlqError):
+    """The command was stopped by a signal; its running runs checkpointed and stopped."""
+
+    def __init__(self, signum: int, stopped: list[str]):
+        self.signum, self.stopped = signum, stopped
+        self.exit_code = 128 + signum  # the shell's convention for a command a signal ended
+        super().__init__(f"stopped by signal {signum}; {len(stopped)} running run(s) "
+                         f"checkpointed and stopped: run the same command again to continue")
+
+
+def run_states(specs: list[RunSpec]) -> dict[Path, str]:
+    """Each planned run's state (_run_state), every one checked before anything is written:
+    a command that is refused leaves OUT as it was."""
+    return {s.run_dir: _run_state(s) for s in specs}
+
+
+def _run_state(spec: RunSpec) -> str:
+    """finished, resume or new. A run dir is reused (finished, or resumed) only when the
+    config it holds, resolved as this nlq reads it, equals the one planned for it, key for
+    key: one of another config (e.g. another lr or max_steps) is an error, finished or not,
+    naming the keys that differ: its numbers would answer another question."""
+    d = spec.run_dir
+    summary, why = read_summary(d)
+    if (d / runfiles.CONFIG).is_file():
+        diff = config_diff(load_config(d / runfiles.CONFIG), spec.cfg)
+        if diff:
+            what = "; ".join(f"{k} = {a!r} there, {b!r} now" for k, a, b in diff[:4])
+            more = f" and {len(diff) - 4} more" if len(diff) > 4 else ""
+            raise NlqError(f"{d} holds a run of another config than this command plans (arm "
+                           f"{spec.arm!r}, seed {spec.seed_index}: {what}{more}): use another "
+                           f"--out, or remove {d} to train it again")
+    elif summary is not None or why is not None:
+        raise NlqError(f"{d} holds summary.json but no config.toml: what it ran cannot be "
+                       f"checked against this plan; use another --out, or remove {d}")
+    if summary is not None:
+        return "finished"
+    saved = any((d / runfiles.CKPT).glob("step_*"))
+    if why is not None and not saved:
+        raise NlqError(f"{d / 'summary.json'} {why}, and {d} holds no checkpoint to recompute "
+                       f"it from: restore the file, or remove {d} to train the run again")
+    if why is not None:
+        print(f"reproduce: warning: {d / 'summary.json'} {why}: the run is resumed from its "
+              f"last checkpoint, which writes it again", file=sys.stderr)
+    return "resume" if saved else "new"
+
+
+def config_diff(a: Config, b: Config) -> list[tuple[str, object, object]]:
+    """(key, value in a, value in b) for every key where the resolved configs differ, as plain
+    values: nothing is left out (train.device is compared as written, "auto" included)."""
+    fa, fb = flatten(a.to_dict()), flatten(b.to_dict())
+    return [(k, fa.get(k, "(absent)"), fb.get(k, "(absent)")) for k in sorted(set(fa) | set(fb))
+            if fa.get(k, "(absent)") != fb.get(k, "(absent)")]
+
+
+def _last_step(run_dir: Path) -> int:
+    """The last logged step of a running run (for the progress bar only)."""
+    try:
+        with open(run_dir / runfiles.METRICS, "rb") as f:
+            f.seek(0, 2)
+            f.seek(max(0, f.tell() - 4096))
+            lines = f.read().decode("utf-8", "replace").splitlines()
+        for line in reversed(lines):
+            try:
+                return int(json.loads(line).get("step", 0))
+            except (AttributeError, ValueError, TypeError):  # not JSON, not a row, no step
+                continue
+    except OSError:
+        pass
+    return 0
+
+
+def run_all(specs: list[RunSpec], exp, jobs: int, out: Path,
+            states: dict[Path, str] | None = None, launcher: str = "local") -> list[str]:
+    """Train every planned run that is not finished, `jobs` at a time through the launcher
+    named (nlq/experiments/launch.py; "local": within jobs x the runs' threads of CPU);
+    returns the arms/seeds that failed. Raises Interrupted when a signal stopped the command
+    (after its running children stopped). states: run_states(specs), if checked already."""
+    from tqdm import tqdm
+
+    states = states or run_states(specs)
+    todo = []
+    for s in specs:
+        state = states[s.run_dir]
+        if state == "finished":
+            continue
+        cfg_path = out / "configs" / s.config_name
+        if state == "new":
+            shutil.rmtree(s.run_dir, ignore_errors=True)  # a start that never checkpointed
+            s.run_dir.mkdir(parents=True)
+            rep = {"replicate": True} if s.replicate else {}
+            write_atomic(s.run_dir / runfiles.ARM, json.dumps(
+                {"experiment": exp.name, "arm": s.arm, "seed_index": s.seed_index, **rep}))
+            cmd = ["train", str(cfg_path), "--out", str(s.run_dir)]
+        else:
+            cmd = ["train", "--resume", str(s.run_dir)]
+        todo.append((s, cmd))
+    if not todo:
+        print(f"reproduce: all {len(specs)} runs finished already", file=sys.stderr)
+        return []
+    total = sum(s.cfg.train.max_steps for s, _ in todo)
+    done_steps = {s.run_dir: _last_step(s.run_dir) for s, _ in todo}
+    # a replicate at more threads than the command's waits for room in the budget
+    launch = make_launcher(launcher, jobs, max([s.threads for s in specs if not s.replicate]
+                                               or [1]))
+    failed, stopped, running, queue = [], [], [], list(todo)
+    signals: list[int] = []
+    bar = tqdm(total=total, initial=sum(done_steps.values()), unit="step", dynamic_ncols=True,
+               desc=f"{len(todo)} runs", file=sys.stderr)
+
+    def on_signal(signum, _frame):
+        # no new run starts; every running child gets SIGTERM (from a terminal, Ctrl-C has
+        # reached them already: a second signal changes nothing for `nlq train`), checkpoints
+        # at its next step boundary and exits; the loop below waits for them
+        if not signals:
+            bar.write(f"reproduce: signal {signum}: stopping the {len(running)} running "
+                      f"run(s) at their next step boundary (they checkpoint first)")
+        signals.append(signum)
+        for job in running:
+            if job.proc.poll() is None:
+                job.proc.send_signal(signal.SIGTERM)
+
+    old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        while (queue and not signals) or running:
+            while queue and not signals and launch.fits(running, queue[0][0].threads):
+                s, cmd = queue.pop(0)
+                # open while the run lives: closed when it ends, below; never through a symlink
+                log = open_log(s.run_dir / runfiles.TRAIN_LOG)
+                running.append(launch.start(s, cmd, log, s.threads, running))
+            time.sleep(0.5)
+            for job in list(running):
+                s = job.key
+                now = _last_step(s.run_dir)
+                bar.update(now - done_steps[s.run_dir])
+                done_steps[s.run_dir] = now
+                if job.proc.poll() is None:
+                    continue
+                running.remove(job)
+                job.log.close()
+                summ = read_summary(s.run_dir)[0] if job.proc.returncode == 0 else None
+                if summ is not None:
+                    bar.write(f"reproduce: {s.arm} {s.run_dir.name}: val loss "
+                              f"{summ['val_loss']:.4f} ({summ['tok_per_s']:,.0f} tok/s)")
+                elif signals:  # stopped by the signal, at a checkpoint
+                    stopped.append(f"{s.arm}/{s.run_dir.name}")
+                else:  # failed
+                    failed.append(f"{s.arm}/{s.run_dir.name}")
+                    tail = (s.run_dir / runfiles.TRAIN_LOG).read_text(errors="replace").strip()
+                    bar.write(f"reproduce: {s.arm} {s.run_dir.name} failed (exit "
+                              f"{job.proc.returncode}): {tail.splitlines()[-1] if tail else ''}")
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
+        bar.close()
+    if signals:
+        raise Interrupted(signals[0], stopped)
+    return failed
+
+
+def open_log(path: Path):
+    """A run's train.log for appending, never through a symlink."""
+    import os
+
+    return os.fdopen(os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW,
+                             0o666), "a")

@@ -1,0 +1,104 @@
+"""SIGTERM or SIGINT to `nlq reproduce` while two runs train (nlq/experiments/runner.py): no
+new run starts, every running child checkpoints and stops (no orphan keeps training), the
+command exits 128 + the signal naming what to do, and the same command then continues to the
+numbers of an uninterrupted experiment, bitwise."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from helpers import make_data, nlq, nlq_cmd, ok
+
+EXPERIMENT = """
+name = "signals"
+baseline = "linear"
+[base]
+train.max_steps = 150
+[arms.linear]
+[arms.nonlinear]
+model.query = "nonlinear"
+"""
+
+SETS = ["model.vocab_size=320", "model.block_size=16", "model.n_layer=1", "model.n_head=2",
+        "model.d_model=32", "model.mlp_hidden=64", "train.micro_batch=4",
+        "train.eval_interval=100", "train.eval_batches=2", "train.warmup_steps=2",
+        "train.ckpt_interval=2", "train.log_interval=1"]
+
+
+@pytest.fixture(scope="module")
+def setting(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("signals")
+    make_data(tmp / "data")
+    exp = tmp / "signals.toml"
+    exp.write_text(EXPERIMENT)
+    sets = [a for s in SETS + [f'data.dir="{tmp / "data"}"'] for a in ("--set", s)]
+    return tmp, ["reproduce", "--experiment", str(exp), "--seeds", "2", "--jobs", "2", *sets]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(setting):
+    tmp, args = setting
+    ok(nlq(*args, "--out", str(tmp / "ref"), timeout=600))
+    return tmp / "ref"
+
+
+def last_step(run: Path) -> int:
+    try:
+        rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if x]
+    except (OSError, ValueError):
+        return 0
+    return max((r.get("step", 0) for r in rows if r.get("kind") == "train"), default=0)
+
+
+def children_of(out: Path) -> list[int]:
+    """Processes whose command line names OUT (its `nlq train` children)."""
+    pids = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                continue
+            if " train " in cmd and str(out) in cmd:
+                pids.append(int(d.name))
+    return pids
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_signal_stops_every_run_and_the_rerun_continues_exactly(sig, setting, uninterrupted):
+    tmp, args = setting
+    out = tmp / f"out-{sig.name}"
+    runs = [out / "runs" / arm / f"seed{k}" for arm in ("linear", "nonlinear") for k in (0, 1)]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    # the signal goes to the command alone (kill PID), not to its process group
+    p = subprocess.Popen(nlq_cmd(*args, "--out", str(out)), stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
+    deadline = time.time() + 300
+    while sum(last_step(r) >= 6 for r in runs) < 2:  # two runs (--jobs 2) under way
+        assert p.poll() is None and time.time() < deadline, "the runs never got going"
+        time.sleep(0.2)
+    started = [r for r in runs if last_step(r) >= 6]
+    assert len(children_of(out)) == 2
+    p.send_signal(sig)
+    _, err = p.communicate(timeout=300)
+    assert p.returncode == 128 + sig, err
+    assert f"stopped by signal {int(sig)}" in err and "run the same command again" in err
+    assert "Traceback" not in err
+    assert children_of(out) == []  # no orphan keeps training
+    for r in runs:
+        assert not (r / "summary.json").exists()  # 150 steps: none had finished
+        # the running ones stopped at a checkpoint; the queued ones never started
+        assert any((r / "ckpt").glob("step_*")) == (r in started)
+    ok(nlq(*args, "--out", str(out), timeout=600))
+    for r in runs:
+        ref = uninterrupted / r.relative_to(out)
+        a = json.loads((ref / "summary.json").read_text())
+        b = json.loads((r / "summary.json").read_text())
+        assert (a["step"], a["val_loss"], a["test_loss"]) == (b["step"], b["val_loss"],
+                                                              b["test_loss"])
