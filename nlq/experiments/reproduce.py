@@ -23,7 +23,7 @@ from pathlib import Path
 from nlq.config import Config
 from nlq.errors import NlqError
 from nlq.experiments.experiment import Experiment, experiment_arms, experiment_toml, load_experiment
-from nlq.experiments.runner import RunSpec, run_all, run_states
+from nlq.experiments.runner import RunSpec, check_out, run_all, run_states
 from nlq.fsutil import write_atomic
 from nlq.model.params import count_params, flops_per_token
 from nlq.report.claims import EXPERIMENT_FILE
@@ -164,6 +164,7 @@ def reproduce(experiment: str, preset: str, seeds: int, arm_names: list[str] | N
               replicate_threads: int | None = None, launcher: str = "local") -> int:
     import torch
 
+    check_out(out, "reproduce")  # a folder of the user's is refused before any work
     exp = load_experiment(experiment)
     specs = plan(exp, preset, seeds, arm_names, out, sets, threads, replicates,
                  replicate_threads)

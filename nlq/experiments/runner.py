@@ -59,6 +59,49 @@ class Interrupted(NlqError):
                          f"checkpointed and stopped: run the same command again to continue")
 
 
+# What an nlq reproduce / sweep / study writes at the top of its --out (a study's rungs hold
+# rung.json; its report study.json): a folder holding any of them is one of ours.
+OURS = ("experiment.toml", "configs", "runs", "lrs.json", "report.json", "report.md",
+        "sweep-plan.json", "sweep.json", "study.json", "study.md", "rung.json",
+        "failures.json")
+# Why each failed run failed last time (run dir relative to OUT -> cause), so that a run that
+# fails again the same way stops the command instead of being retried for ever. Outside the
+# run dirs: a run that failed before its first checkpoint starts again from an empty dir.
+FAILURES = "failures.json"
+
+
+def failure_cause(returncode: int, log: Path) -> str:
+    """Why a child `nlq train` ended without a summary, in one line: the signal that killed
+    it (SIGKILL is what the kernel's out-of-memory killer sends), or its last line (nlq's one
+    `nlq: error:` line, e.g. CUDA out of memory)."""
+    if returncode < 0:
+        name = signal.Signals(-returncode).name if -returncode in signal.valid_signals() else ""
+        oom = " (the out-of-memory killer sends it)" if returncode == -signal.SIGKILL else ""
+        return f"killed by signal {-returncode} {name}{oom}".replace("  ", " ")
+    try:
+        tail = log.read_text(errors="replace").strip().splitlines()
+    except OSError:
+        tail = []
+    return f"exit {returncode}: {tail[-1] if tail else '(no output)'}"
+
+
+def check_out(out: Path, command: str) -> None:
+    """--out must be new, empty, or a folder an nlq reproduce / sweep / study wrote (or one
+    of a study's rung folders): a folder of the user's is refused before anything is written
+    there, naming what it holds."""
+    if not out.exists():
+        return
+    if not out.is_dir():
+        raise NlqError(f"{command} --out {out} is a file, not a folder")
+    names = sorted(p.name for p in out.iterdir())
+    if not names or any(n in OURS for n in names) or any(
+            (out / n / "rung.json").is_file() for n in names):
+        return
+    shown = ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
+    raise NlqError(f"{command} --out {out} holds files nlq did not write ({shown}): give a new "
+                   f"or empty folder, or the folder of an earlier `nlq {command}`")
+
+
 def run_states(specs: list[RunSpec]) -> dict[Path, str]:
     """Each planned run's state (_run_state), every one checked before anything is written:
     a command that is refused leaves OUT as it was."""
@@ -154,6 +197,8 @@ def run_all(specs: list[RunSpec], exp, jobs: int, out: Path,
     launch = make_launcher(launcher, jobs, max([s.threads for s in specs if not s.replicate]
                                                or [1]))
     failed, stopped, running, queue = [], [], [], list(todo)
+    causes = _read_failures(out / FAILURES)
+    twice: list[tuple[str, str]] = []  # runs that failed again as they did last time
     signals: list[int] = []
     bar = tqdm(total=total, initial=sum(done_steps.values()), unit="step", dynamic_ncols=True,
                desc=f"{len(todo)} runs", file=sys.stderr)
@@ -189,23 +234,44 @@ def run_all(specs: list[RunSpec], exp, jobs: int, out: Path,
                 running.remove(job)
                 job.log.close()
                 summ = read_summary(s.run_dir)[0] if job.proc.returncode == 0 else None
+                key = str(s.run_dir.relative_to(out)) if s.run_dir.is_relative_to(out) else str(
+                    s.run_dir)
+                if summ is not None and causes.pop(key, None) is not None:
+                    write_atomic(out / FAILURES, json.dumps(causes, indent=2))
                 if summ is not None:
                     bar.write(f"reproduce: {s.arm} {s.run_dir.name}: val loss "
                               f"{summ['val_loss']:.4f} ({summ['tok_per_s']:,.0f} tok/s)")
                 elif signals:  # stopped by the signal, at a checkpoint
                     stopped.append(f"{s.arm}/{s.run_dir.name}")
-                else:  # failed
+                else:  # failed: the others go on; the next command retries it, once
                     failed.append(f"{s.arm}/{s.run_dir.name}")
-                    tail = (s.run_dir / runfiles.TRAIN_LOG).read_text(errors="replace").strip()
-                    bar.write(f"reproduce: {s.arm} {s.run_dir.name} failed (exit "
-                              f"{job.proc.returncode}): {tail.splitlines()[-1] if tail else ''}")
+                    cause = failure_cause(job.proc.returncode, s.run_dir / runfiles.TRAIN_LOG)
+                    if causes.get(key) == cause:
+                        twice.append((key, cause))
+                    causes[key] = cause
+                    write_atomic(out / FAILURES, json.dumps(causes, indent=2))
+                    bar.write(f"reproduce: {s.arm} {s.run_dir.name} failed: {cause}")
     finally:
         for sig, handler in old.items():
             signal.signal(sig, handler)
         bar.close()
     if signals:
         raise Interrupted(signals[0], stopped)
+    if twice:
+        key, cause = twice[0]
+        more = f" (and {len(twice) - 1} more run(s) likewise)" if len(twice) > 1 else ""
+        raise NlqError(f"run {out / key} failed twice the same way: {cause}{more}; see its "
+                       f"{runfiles.TRAIN_LOG} and remove the cause (memory: fewer --jobs or "
+                       f"a smaller micro-batch) before running the command again")
     return failed
+
+
+def _read_failures(path: Path) -> dict[str, str]:
+    try:
+        d = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):  # none yet, or unreadable: start a new record
+        return {}
+    return {k: v for k, v in d.items() if isinstance(v, str)} if isinstance(d, dict) else {}
 
 
 def open_log(path: Path):

@@ -29,6 +29,7 @@ from nlq.config.load import preset_names
 from nlq.errors import NlqError
 from nlq.experiments.experiment import experiment_arms, experiment_path, load_experiment
 from nlq.experiments.reproduce import reproduce
+from nlq.experiments.runner import check_out
 from nlq.experiments.sweep import LR_CHOICE, RESULT_FILE, SEED_OFFSET, check_grid, grid_step, sweep
 from nlq.fsutil import write_atomic
 from nlq.model.params import flops_per_token
@@ -283,6 +284,7 @@ def study(ladder_path: str | Path | None, names: list[str] | None, out: Path, jo
 
     from nlq.experiments.study_report import build_study_report
 
+    check_out(out, "study")  # a folder of the user's is refused before any work
     ladder = load_ladder(ladder_path)
     experiment_path(ladder.experiment)  # an unknown experiment fails before any work
     names = names or [n for n, r in ladder.rungs.items() if r.device == "cpu"]

@@ -35,7 +35,7 @@ from pathlib import Path
 from nlq.errors import NlqError
 from nlq.experiments.experiment import load_experiment
 from nlq.experiments.reproduce import ensure_data, plan
-from nlq.experiments.runner import RunSpec, run_all, run_states
+from nlq.experiments.runner import RunSpec, check_out, run_all, run_states
 from nlq.fsutil import write_atomic
 from nlq.runfiles import read_summary
 
@@ -196,6 +196,7 @@ def sweep(experiment: str, preset: str, arms: list[str] | None, lrs: list[float]
           launcher: str = "local") -> int:
     from nlq.experiments.sweep_figure import draw_sweep
 
+    check_out(out, "sweep")  # a folder of the user's is refused before any work
     specs, meta = sweep_plan(experiment, preset, arms, lrs, seeds, out, sets, threads)
     plan_path = out / PLAN_FILE
     if plan_path.is_file():

@@ -1,7 +1,11 @@
-"""SIGTERM or SIGINT to `nlq reproduce` while two runs train (nlq/experiments/runner.py): no
-new run starts, every running child checkpoints and stops (no orphan keeps training), the
-command exits 128 + the signal naming what to do, and the same command then continues to the
-numbers of an uninterrupted experiment, bitwise."""
+"""Faults in an experiment's runs (nlq/experiments/runner.py).
+
+SIGTERM or SIGINT to `nlq reproduce` while two runs train: no new run starts, every running
+child checkpoints and stops (no orphan keeps training), the command exits 128 + the signal
+naming what to do, and the same command then continues to the numbers of an uninterrupted
+experiment, bitwise. A child killed (SIGKILL, as the out-of-memory killer does): the run is
+marked failed with its cause, the others go on, the next command retries it; a run that fails
+twice the same way stops the command with one line naming the run and the cause."""
 
 from __future__ import annotations
 
@@ -13,7 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import make_data, nlq, nlq_cmd, ok
+from helpers import assert_user_error, make_data, nlq, nlq_cmd, ok
 
 EXPERIMENT = """
 name = "signals"
@@ -102,3 +106,23 @@ def test_signal_stops_every_run_and_the_rerun_continues_exactly(sig, setting, un
         b = json.loads((r / "summary.json").read_text())
         assert (a["step"], a["val_loss"], a["test_loss"]) == (b["step"], b["val_loss"],
                                                               b["test_loss"])
+
+
+def test_a_killed_run_is_retried_once_then_named(setting, uninterrupted):
+    tmp, args = setting
+    out = tmp / "out-killed"
+    kill = {"NLQ_FAULT": "step@3"}  # every run SIGKILLs itself after its third step
+    p = nlq(*args, "--out", str(out), timeout=600, **kill)
+    assert p.returncode == 1 and "killed by signal 9" in p.stdout, p.stdout
+    causes = json.loads((out / "failures.json").read_text())
+    assert len(causes) == 4 and all("signal 9" in c for c in causes.values())
+    p = nlq(*args, "--out", str(out), timeout=600, **kill)  # the same way again
+    last = assert_user_error(p, "failed twice the same way", "signal 9", "runs/")
+    assert p.returncode == 2 and "3 more" in last
+    ok(nlq(*args, "--out", str(out), timeout=600))  # the cause removed: resumed, finished
+    assert json.loads((out / "failures.json").read_text()) == {}
+    for arm in ("linear", "nonlinear"):
+        for k in (0, 1):
+            a = json.loads((uninterrupted / "runs" / arm / f"seed{k}" / "summary.json").read_text())
+            b = json.loads((out / "runs" / arm / f"seed{k}" / "summary.json").read_text())
+            assert (a["val_loss"], a["test_loss"]) == (b["val_loss"], b["test_loss"])
