@@ -38,14 +38,21 @@ def create(path: Path, mode: str = "wb", **kw):
     return os.fdopen(fd, mode, **kw)
 
 
-def write_atomic(path: Path, text: str, strict: bool = True) -> None:
-    """Replace path with text atomically."""
+def write_atomic(path: Path, text: str | bytes, strict: bool = True) -> None:
+    """Replace path with text (or bytes) atomically: a reader sees the old file or the whole
+    new one; a write that fails (a full disk) removes its temporary file and raises."""
     tmp = path.with_name(f".{path.name}.tmp")
-    with create(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    binary = isinstance(text, bytes)
+    try:
+        with create(tmp, "wb" if binary else "w", encoding=None if binary else "utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
     fsync(path.parent, strict)
 
 

@@ -11,11 +11,11 @@ checkpoints, TensorBoard files, locks, logs."""
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 from nlq import runfiles
 from nlq.errors import NlqError
+from nlq.fsutil import write_atomic
 
 FOLDER_FILES = ("experiment.toml", "lrs.json", "report.md", "report.json", "fig1.png",
                 "sweep.json", "sweep.png", "sweep-plan.json")
@@ -41,34 +41,41 @@ def export_results(src: str | Path, dest: str | Path) -> list[Path]:
     dest.mkdir(parents=True, exist_ok=True)
     for name in FOLDER_FILES:
         if (src / name).is_file():
-            written.append(Path(shutil.copy2(src / name, dest / name)))
+            written.append(_copy(src / name, dest / name))
     for summary in sorted((src / "runs").rglob(runfiles.SUMMARY)):
         run = summary.parent
         out = dest / run.relative_to(src)
         out.mkdir(parents=True, exist_ok=True)
         for name in RUN_FILES:
             if (run / name).is_file():
-                written.append(Path(shutil.copy2(run / name, out / name)))
+                written.append(_copy(run / name, out / name))
         try:  # bytes that are not UTF-8 (a torn write) are read as U+FFFD
             text = (run / runfiles.METRICS).read_text(encoding="utf-8", errors="replace")
         except FileNotFoundError:
             text = ""
         lines = [ln for ln in text.splitlines() if ln.strip() and _kind(ln) in KEPT_METRICS]
-        (out / runfiles.METRICS).write_text("".join(ln + "\n" for ln in lines))
+        write_atomic(out / runfiles.METRICS, "".join(ln + "\n" for ln in lines))
         written.append(out / runfiles.METRICS)
     return written
 
 
 def _export_study(src: Path, dest: Path) -> list[Path]:
     dest.mkdir(parents=True, exist_ok=True)
-    written = [Path(shutil.copy2(src / n, dest / n)) for n in STUDY_FILES if (src / n).is_file()]
+    written = [_copy(src / n, dest / n) for n in STUDY_FILES if (src / n).is_file()]
     for rung in sorted(p.parent for p in src.glob("*/rung.json")):
         (dest / rung.name).mkdir(exist_ok=True)
-        written.append(Path(shutil.copy2(rung / "rung.json", dest / rung.name / "rung.json")))
+        written.append(_copy(rung / "rung.json", dest / rung.name / "rung.json"))
         for part in ("sweep", "compare"):
             if (rung / part / "runs").is_dir():
                 written += export_results(rung / part, dest / rung.name / part)
     return written
+
+
+def _copy(src: Path, dst: Path) -> Path:
+    """src's bytes to dst, atomically: on a full disk no half-written file is left for a
+    later `nlq report` to take for a run's summary (the error names the file and ENOSPC)."""
+    write_atomic(dst, src.read_bytes())
+    return dst
 
 
 def _kind(line: str) -> str | None:

@@ -508,3 +508,29 @@ def test_full_disk_during_prepare(tmp_path, mounts, zygote):
                    earlier, "--force", "--workers", "1")
     assert_user_error(p, f"nlq prepare into {earlier} failed", "No space left on device")
     assert snapshot(earlier) == before
+
+
+def test_full_disk_during_export(tmp_path, data, mounts, zygote, tmp_path_factory):
+    """nlq export onto a disk that holds part of the results: one line naming ENOSPC; every
+    file written there is whole (the source's bytes), none half-written, no temporary file;
+    onto a larger disk the same command completes."""
+    ref = reference(zygote, tmp_path_factory, tiny_config(data, **SHORT))
+    src = tmp_path / "src"
+    for k in range(6):
+        shutil.copytree(ref, src / "runs" / "linear" / f"seed{k}",
+                        ignore=shutil.ignore_patterns("ckpt", "tb"))
+    whole = tmp_path / "whole"
+    helpers.ok(zygote.run("export", src, whole))
+    total = sum(f.stat().st_size for f in whole.rglob("*") if f.is_file())
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    mounts("-t", "tmpfs", "-o", f"size={max(total // 2, 16384)}", "tmpfs", disk)
+    p = zygote.run("export", src, disk / "results")
+    assert_user_error(p, "No space left on device")
+    written = [f for f in (disk / "results").rglob("*") if f.is_file()]
+    assert written and not any(f.name.endswith(".tmp") for f in written)
+    for f in written:  # whole, or not there at all
+        assert f.read_bytes() == (whole / f.relative_to(disk / "results")).read_bytes(), f
+    mounts("-o", f"remount,size={4 * total + 65536}", disk)
+    helpers.ok(zygote.run("export", src, disk / "results"))
+    assert snapshot(disk / "results") == snapshot(whole)
