@@ -91,7 +91,9 @@ class Gpus:
     def start(self, key, cmd, log, threads, running) -> Job:
         held = [j.slot for j in running]
         device = min(self.devices, key=held.count)  # the least busy GPU
-        env = {**os.environ, "OMP_NUM_THREADS": str(threads), "CUDA_VISIBLE_DEVICES": device}
+        # NLQ_GPU_SHARE: the run's memory check allows it 1/per_device of the card
+        env = {**os.environ, "OMP_NUM_THREADS": str(threads), "CUDA_VISIBLE_DEVICES": device,
+               "NLQ_GPU_SHARE": str(self.per_device)}
         return Job(key, _spawn(cmd, log, env), log, threads, slot=device)
 
 

@@ -209,15 +209,24 @@ def _value(cfg: Config, key: str):
     return getattr(getattr(cfg, sec), name)
 
 
-def check_fits(cfg: Config, device: torch.device, procs: int = 1, shards: int = 1) -> None:
+def check_fits(cfg: Config, device: torch.device, procs: int = 1, shards: int = 1,
+               gpu_share: int = 1) -> None:
     """Raise NlqError, naming the key that dominates, unless procs training processes of cfg
     fit in the memory free on device (procs: processes sharing it, e.g. a CPU's torchrun
-    ranks or `nlq reproduce --jobs`; shards: FSDP's ranks)."""
+    ranks or `nlq reproduce --jobs`; shards: FSDP's ranks). gpu_share: runs started together
+    on this GPU (`--launcher gpus --jobs N`, NLQ_GPU_SHARE): each may take 1/N of the card at
+    most, since its siblings may not have allocated yet when it looks."""
     if os.environ.get("NLQ_MEMORY_CHECK", "1") == "0":
         return
     free = available(device)
     if free is None:
         return
+    shared = ""
+    if device.type == "cuda" and gpu_share > 1:
+        total = int(torch.cuda.mem_get_info(device)[1])
+        if total // gpu_share < free:
+            free = total // gpu_share
+            shared = f" (1/{gpu_share} of its {gib(total)}: {gpu_share} runs share this GPU)"
     est = estimate(cfg, device, shards)
     if est.total * procs <= free:
         return
@@ -231,7 +240,7 @@ def check_fits(cfg: Config, device: torch.device, procs: int = 1, shards: int = 
     each = f"{procs} processes x " if procs > 1 else ""
     raise NlqError(
         f"{key} = {_value(cfg, key)} does not fit: training needs about {each}"
-        f"{gib(est.total)} ({big}) and {device.type} has {gib(free)} free: lower {key} (a "
+        f"{gib(est.total)} ({big}) and {device.type} has {gib(free)} free{shared}: lower {key} (a "
         f"rough estimate, nlq/run/memory.py; NLQ_MEMORY_CHECK=0 skips it)")
 
 

@@ -78,7 +78,8 @@ def train(cfg: Config, run_dir: str | Path, resume: bool = False, progress: bool
         # one line naming its key, not an allocator traceback minutes later
         memory.check_fits(cfg, device, procs=int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
                           if device.type == "cpu" else 1,
-                          shards=world.size if cfg.train.parallel == "fsdp" else 1)
+                          shards=world.size if cfg.train.parallel == "fsdp" else 1,
+                          gpu_share=int(os.environ.get("NLQ_GPU_SHARE", "1")))
         # train.init_from is read and checked before a new run dir is made (a bad one leaves
         # nothing behind), and at step 0 only: a resumed run continues from its checkpoint
         init = None if resume else init_from.read(cfg)

@@ -1,0 +1,75 @@
+"""Launchers (nlq/experiments/launch.py): the local thread budget, GPUs handed out one per
+child with its memory share, and the memory check of a run sharing a GPU
+(nlq/run/memory.py), on CPU with the CUDA calls stood in for."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from nlq.config import load_config
+from nlq.errors import NlqError
+from nlq.experiments import launch
+from nlq.run import memory
+
+
+class FakeProc:
+    def poll(self):
+        return None
+
+
+@pytest.fixture
+def spawned(monkeypatch):
+    envs = []
+    monkeypatch.setattr(launch, "_spawn", lambda cmd, log, env: envs.append(env) or FakeProc())
+    return envs
+
+
+def test_local_keeps_within_its_thread_budget(spawned):
+    local = launch.make_launcher("local", jobs=2, threads=1)
+    running = []
+    assert local.fits(running, 1)
+    running.append(local.start("a", ["train"], None, 1, running))
+    assert local.fits(running, 1)
+    running.append(local.start("b", ["train"], None, 1, running))
+    assert not local.fits(running, 1)  # 2 of 2 threads taken
+    assert not local.fits(running[:1], 2)  # a 2-thread replicate waits for room
+    assert local.fits([], 8)  # a run larger than the budget runs alone
+    assert [e["OMP_NUM_THREADS"] for e in spawned] == ["1", "1"]
+
+
+def test_gpus_hands_out_the_least_busy_gpu_with_its_share(spawned):
+    gpus = launch.Gpus(devices=["0", "3"], per_device=2)
+    running = []
+    for key in "abcd":
+        assert gpus.fits(running, 1)
+        running.append(gpus.start(key, ["train"], None, 1, running))
+    assert not gpus.fits(running, 1)
+    assert [e["CUDA_VISIBLE_DEVICES"] for e in spawned] == ["0", "3", "0", "3"]
+    assert {e["NLQ_GPU_SHARE"] for e in spawned} == {"2"}
+    running.pop(1)  # a run on GPU 3 ended: the next goes there
+    running.append(gpus.start("e", ["train"], None, 1, running))
+    assert spawned[-1]["CUDA_VISIBLE_DEVICES"] == "3"
+
+
+def test_gpus_without_a_gpu_is_refused(monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    with pytest.raises(NlqError, match="no CUDA GPU is visible"):
+        launch.make_launcher("gpus", jobs=1, threads=1)
+    with pytest.raises(NlqError, match="--launcher 'slurm' is not one of local, gpus"):
+        launch.make_launcher("slurm", jobs=1, threads=1)
+
+
+def test_a_run_sharing_a_gpu_may_take_its_share_only(monkeypatch):
+    """GPT-3 small at 12 x 1024 on a 140 GiB card: alone it fits; with N runs started on the
+    card together each may take 1/N, and one N too many is refused naming the share."""
+    gib = 2 ** 30
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (140 * gib, 140 * gib))
+    cfg, dev = load_config("gpt3-small"), torch.device("cuda")
+    need = memory.estimate(cfg, dev).total
+    most = int(140 * gib // need)  # the most runs that fit side by side
+    assert most >= 2
+    memory.check_fits(cfg, dev)
+    memory.check_fits(cfg, dev, gpu_share=most)
+    with pytest.raises(NlqError, match=f"1/{most + 1} of its 140.0 GiB: {most + 1} runs share"):
+        memory.check_fits(cfg, dev, gpu_share=most + 1)
