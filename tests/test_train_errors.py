@@ -107,7 +107,8 @@ def build_cases(tmp: Path, data: Path, ref: Path) -> dict[str, Case]:
     raw_other = {**raw, "model": {**raw["model"], "d_model": 64}}
     (other / "config.toml").write_text(tomli_w.dumps(raw_other))
     cases["checkpoint of another model"] = Case(
-        ["train", "--resume", other], ("another model config", "step_000008"), unchanged=other)
+        ["train", "--resume", other], ("changed since checkpoint", "step_000008",
+                                       "model.d_model = 32 -> 64"), unchanged=other)
 
     broken = stopped_copy(ref, tmp / "all-corrupt")
     for i, d in enumerate(sorted((broken / "ckpt").glob("step_*"))):

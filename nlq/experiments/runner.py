@@ -130,10 +130,10 @@ def _run_state(spec: RunSpec) -> str:
         return "finished"
     saved = any((d / runfiles.CKPT).glob("step_*"))
     if why is not None and not saved:
-        raise NlqError(f"{d / 'summary.json'} {why}, and {d} holds no checkpoint to recompute "
+        raise NlqError(f"{d / runfiles.SUMMARY} {why}, and {d} holds no checkpoint to recompute "
                        f"it from: restore the file, or remove {d} to train the run again")
     if why is not None:
-        print(f"reproduce: warning: {d / 'summary.json'} {why}: the run is resumed from its "
+        print(f"reproduce: warning: {d / runfiles.SUMMARY} {why}: the run is resumed from its "
               f"last checkpoint, which writes it again", file=sys.stderr)
     return "resume" if saved else "new"
 

@@ -32,6 +32,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
+from nlq import runfiles
 from nlq.errors import NlqError
 from nlq.experiments.experiment import load_experiment
 from nlq.experiments.reproduce import ensure_data, plan
@@ -153,7 +154,7 @@ def choose(specs: list[RunSpec], meta: dict) -> dict:
         summary, why = read_summary(s.run_dir)
         loss = summary.get("val_loss") if summary else None
         if not isinstance(loss, (int, float)) or isinstance(loss, bool):
-            raise NlqError(f"{s.run_dir / 'summary.json'} "
+            raise NlqError(f"{s.run_dir / runfiles.SUMMARY} "
                            f"{why or f'has no numeric val_loss (val_loss = {loss!r})'}: no lr "
                            f"is chosen from it; remove {s.run_dir} to train it again")
         by_seed.setdefault(s.arm, {}).setdefault(repr(s.cfg.train.lr), {})[s.seed_index] = loss

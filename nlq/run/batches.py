@@ -66,12 +66,17 @@ class Batches:
     """The data of one rank of a run, opened and checked once (a bad data dir fails before
     any model is built)."""
 
-    def __init__(self, cfg: Config, world: World, device: torch.device):
+    def __init__(self, cfg: Config, world: World, device: torch.device,
+                 data: TokenData | None = None):
+        """data: cfg.data.dir opened and checked already (the training set-up does it once,
+        before the run dir is made); None opens and checks it here."""
         t, m = cfg.train, cfg.model
         self.t, self.world, self.device = t, world, device
         self.seed, self.T, self.objective = cfg.data.seed, m.block_size, objective(cfg)
-        self.data = TokenData.open(cfg.data.dir)
-        self.data.check(m.vocab_size, self.T)
+        if data is None:
+            data = TokenData.open(cfg.data.dir)
+            data.check(m.vocab_size, self.T)
+        self.data = data
         self.mask_id = self.data.meta.get("mask_id")
         if self.objective == "mlm" and self.mask_id is None:
             if self.data.vocab_size >= m.vocab_size:

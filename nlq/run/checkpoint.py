@@ -278,7 +278,7 @@ def check_depends(ck: Checkpoint, now: dict, run_dir: Path) -> list[str]:
         what = "; ".join(f"{k} = {before.get(k, '(absent)')!r} -> {after.get(k, '(absent)')!r}"
                          for k in changed[:4])
         more = f" and {len(changed) - 4} more" if len(changed) > 4 else ""
-        raise NlqError(f"{run_dir / 'config.toml'} changed since checkpoint {ck.path}: {what}"
+        raise NlqError(f"{run_dir / runfiles.CONFIG} changed since checkpoint {ck.path}: {what}"
                        f"{more}; resuming would silently continue another run: put the old "
                        f"values back, or train the new config into another --out")
     rec_files = rec.get("data") if isinstance(rec.get("data"), dict) else {}

@@ -1,9 +1,9 @@
 """`nlq train`: train one config into a run dir, or resume one.
 
-Process-wide tuning belongs to the command, not to the library: on CPU it fixes glibc's
-malloc thresholds (nlq/train/alloc.py) for the rest of the process before training. Code
-that calls nlq.train.loop.train() itself calls nlq.train.alloc.keep_freed_memory() where it
-wants the same.
+Process-wide tuning belongs to the command, not to the library: on CPU the command asks
+train() to fix glibc's malloc thresholds (nlq/train/alloc.py) for the rest of the process
+(tune_alloc=True). Code that calls nlq.train.loop.train() itself passes tune_alloc=True, or
+calls nlq.train.alloc.keep_freed_memory(), where it wants the same.
 """
 
 from __future__ import annotations
@@ -27,15 +27,7 @@ def add_arguments(p) -> None:
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
-def on_cpu(device: str) -> bool:
-    """Whether train.device (auto | cpu | cuda[:N]) trains on the CPU here."""
-    import torch
-
-    return device == "cpu" or (device == "auto" and not torch.cuda.is_available())
-
-
 def run(args) -> int:
-    from nlq.train import alloc
     from nlq.train.loop import train
 
     if args.resume:
@@ -45,15 +37,15 @@ def run(args) -> int:
         run_dir = Path(args.resume)
         if not (run_dir / runfiles.CONFIG).is_file():
             raise NlqError(f"{run_dir} is not an nlq run dir (no config.toml): nothing to resume")
-        cfg = load_config(run_dir / runfiles.CONFIG)
+        cfg = None  # train() reads the run's config.toml, once, under the run's lock
     else:
         if not args.config:
             raise NlqError("give a config (TOML file or preset name) or --resume RUN_DIR")
         cfg = load_config(args.config, parse_sets(args.set))
         run_dir = Path(args.out or f"runs/{Path(args.config).stem}")
-    if on_cpu(cfg.train.device):
-        alloc.keep_freed_memory()  # no page faults on per-step buffers (nlq/train/alloc.py)
-    summary = train(cfg, run_dir, resume=bool(args.resume), progress=not args.no_progress)
+    # tune_alloc: no page faults on per-step CPU buffers (nlq/train/alloc.py)
+    summary = train(cfg, run_dir, resume=bool(args.resume), progress=not args.no_progress,
+                    tune_alloc=True)
     if os.environ.get("RANK", "0") == "0":
         print(json.dumps(summary))
     return 0  # finished, or stopped cleanly by SIGINT/SIGTERM after a checkpoint

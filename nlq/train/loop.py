@@ -8,8 +8,8 @@ nlq/train/rundir.py); start() resumes from the latest checkpoint, if any, once t
 the data are those it records (checkpoint.check_depends). Then, at each step boundary:
 evaluate (if due), checkpoint (if due), stop (if done, or asked to by SIGINT / SIGTERM); then
 train_step(): grad_accum micro-steps, clip, optimizer step, zero_grad. The final step always
-evaluates and saves. Process-wide tuning (nlq/train/alloc.py) is the caller's: `nlq train`
-applies it.
+evaluates and saves. Process-wide tuning (nlq/train/alloc.py) is the caller's choice:
+`nlq train` asks for it (tune_alloc=True).
 """
 
 from __future__ import annotations
@@ -26,7 +26,8 @@ from pathlib import Path
 import torch
 
 from nlq import __version__, runfiles
-from nlq.config import Config, config_from_toml, model_config_from_dict
+from nlq.config import Config, model_config_from_dict
+from nlq.data.schedule import TokenData
 from nlq.errors import NlqError, os_error_text
 from nlq.extras import need
 from nlq.fsutil import write_atomic
@@ -35,10 +36,10 @@ from nlq.run import checkpoint, memory
 from nlq.run.scoring import evaluate, evaluate_test
 from nlq.run.world import all_reduce_sum
 from nlq.sysinfo import check_threads, machine_record
-from nlq.train import dist, init_from
+from nlq.train import alloc, dist, init_from
 from nlq.train.console import PlainLog, peak_memory_mb, progress_bar, stop_on_signals
 from nlq.train.optim import lr_at, make_optimizer, step_seed
-from nlq.train.rundir import RunDir, finished, prepare_run_dir
+from nlq.train.rundir import RunDir, finished, prepare_run_dir, read_run_config
 from nlq.train.setup import Run, compile_model, set_up
 from nlq.train.spikes import Spikes
 
@@ -58,20 +59,36 @@ class Position:
     elapsed: float = 0.0  # seconds spent in train steps, over every process of the run
 
 
-def train(cfg: Config, run_dir: str | Path, resume: bool = False, progress: bool = True) -> dict:
-    """Train cfg into run_dir (or resume it); returns the summary dict. Under torchrun every
-    rank calls this; rank 0 alone writes files."""
+def train(cfg: Config | None, run_dir: str | Path, resume: bool = False, progress: bool = True,
+          tune_alloc: bool = False) -> dict:
+    """Train cfg into run_dir, or resume run_dir (cfg None: its config.toml, read once, under
+    its lock); returns the summary dict. Under torchrun every rank calls this; rank 0 alone
+    writes files. tune_alloc: apply nlq/train/alloc.py's process-wide malloc tuning when the
+    run trains on the CPU (`nlq train` asks for it; a library caller's process is its own).
+
+    The set-up, in order, each step once: the config (read on resume), the threads and the
+    device, the memory check, train.init_from (a new run), the data dir opened and checked,
+    the run dir claimed, what the run depends on (rank 0: the config and the data's hashes),
+    then set_up() builds batches, model, wrapping and optimizer, and a new run's config.toml
+    is written."""
     run_dir = Path(run_dir)
-    summary = finished(run_dir, os.environ.get("RANK", "0") == "0") if resume else None
+    main = os.environ.get("RANK", "0") == "0"
+    summary = finished(run_dir, main) if resume else None
     if summary is not None:
         print(f"nlq: {run_dir} already finished at step {summary['step']}", file=sys.stderr)
         return summary
-    if cfg.train.threads is not None:  # the run's summation order is part of its config
-        torch.set_num_threads(check_threads(cfg.train.threads, "train.threads"))
-    world, device = dist.setup(cfg.train.device)
-    files = RunDir(run_dir, world.main)
-    failed = True
+    if resume and cfg is None and not main:  # rank 0 reads it under the lock, below
+        cfg = read_run_config(run_dir)
+    files = RunDir(run_dir, main)
+    world, failed = None, True
     try:
+        if resume and main:  # claimed first: the config is read under the lock
+            cfg = prepare_run_dir(cfg, files, resume)
+        if cfg.train.threads is not None:  # the run's summation order is part of its config
+            torch.set_num_threads(check_threads(cfg.train.threads, "train.threads"))
+        world, device = dist.setup(cfg.train.device)
+        if tune_alloc and device.type == "cpu":
+            alloc.keep_freed_memory()  # no page faults on per-step buffers (nlq/train/alloc.py)
         if cfg.train.wandb_project and world.main:  # asked for but not installed: say so first
             need("wandb", "train.wandb_project")
         # before anything is allocated or written: a config too large for this machine is
@@ -81,20 +98,19 @@ def train(cfg: Config, run_dir: str | Path, resume: bool = False, progress: bool
                           shards=world.size if cfg.train.parallel == "fsdp" else 1,
                           gpu_share=int(os.environ.get("NLQ_GPU_SHARE", "1")))
         # train.init_from is read and checked before a new run dir is made (a bad one leaves
-        # nothing behind), and at step 0 only: a resumed run continues from its checkpoint
-        init = None if resume else init_from.read(cfg)
-        if world.main:
+        # nothing behind), and at step 0 only: a resumed run continues from its checkpoint,
+        # one stopped before its first checkpoint starts again from step 0 and reads it
+        init = (init_from.read(cfg) if not resume or not checkpoint.any_saved(run_dir)
+                else None)
+        data = TokenData.open(cfg.data.dir)  # opened and checked once, before the run dir
+        data.check(cfg.model.vocab_size, cfg.model.block_size)
+        if world.main and not resume:
             cfg = prepare_run_dir(cfg, files, resume)
-        elif resume:
-            cfg = config_from_toml((run_dir / runfiles.CONFIG).read_text())
-        if resume and not checkpoint.any_saved(run_dir):  # it starts again from step 0
-            init = init_from.read(cfg)
-        run = set_up(cfg, files, world, device, init)
+        depends = checkpoint.depends(cfg) if world.main else None
+        run = set_up(cfg, files, world, device, init, data, depends)
         del init  # its tensors are the model's now
-        if world.main:
-            files.depends = checkpoint.depends(cfg)  # recorded by checkpoints, checked on resume
-            if not resume:
-                files.write_config(cfg)  # the run exists from here: it is set up
+        if world.main and not resume:
+            files.write_config(cfg)  # the run exists from here: it is set up
         summary = _train(run, resume, progress)
         failed = False
         return summary
@@ -114,7 +130,8 @@ def train(cfg: Config, run_dir: str | Path, resume: bool = False, progress: bool
         # model sits in reference cycles, so dropping the name is not enough: collect them.
         run = None
         gc.collect()
-        dist.teardown(world)
+        if world is not None:
+            dist.teardown(world)
 
 
 def _train(run: Run, resume: bool, progress: bool) -> dict:
@@ -201,14 +218,15 @@ def start(run: Run, resume: bool) -> tuple[Position, bool]:
                   f"step 0", file=sys.stderr)
     elif resume:
         ck = checkpoint.load_latest(run_dir)
-        saved = ck.state.get("model_config")
-        # read as a config (an old checkpoint's nl_* keys are query_args now), then compared
-        if not isinstance(saved, dict) or model_config_from_dict(saved) != cfg.model:
-            raise NlqError(f"checkpoint {ck.path} was written for another model config than "
-                           f"{run_dir / 'config.toml'}")
         if world.main:  # the config and the data it was trained on, unchanged
-            for warning in checkpoint.check_depends(ck, run.files.depends, run_dir):
+            for warning in checkpoint.check_depends(ck, run.depends, run_dir):
                 print(f"nlq: warning: {warning}", file=sys.stderr)
+        if not isinstance(ck.state.get("depends"), dict):  # an older nlq's: its model only
+            saved = ck.state.get("model_config")
+            # read as a config (an old checkpoint's nl_* keys are query_args now), compared
+            if not isinstance(saved, dict) or model_config_from_dict(saved) != cfg.model:
+                raise NlqError(f"checkpoint {ck.path} was written for another model config "
+                               f"than {run_dir / runfiles.CONFIG}")
         sd = dict(ck.model)
         if cfg.model.tie_embeddings:
             sd["lm_head.weight"] = sd["wte.weight"]
@@ -281,7 +299,7 @@ def save_checkpoint(run: Run, pos: Position) -> None:
              "param_groups": checkpoint.groups_json(optim_sd["param_groups"]),
              "world_size": run.world.size, "nlq_version": __version__,
              "rng": "derived: dropout reseeded from (train.seed, step, rank)",
-             "spikes": run.spikes.state(), "depends": run.files.depends}
+             "spikes": run.spikes.state(), "depends": run.depends}
     checkpoint.save(run.files.path, pos.step, {k: v.contiguous() for k, v in model_sd.items()},
                     checkpoint.optim_to_flat(optim_sd), state, cfg.train.keep_checkpoints,
                     on_stage=run.fault_hooks and run.fault_hooks.checkpoint_stage)

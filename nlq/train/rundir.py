@@ -23,7 +23,6 @@ from pathlib import Path
 
 from nlq import runfiles
 from nlq.config import Config, config_from_toml
-from nlq.data.schedule import TokenData
 from nlq.errors import NlqError
 from nlq.fsutil import Locked, lock, unlock, write_atomic
 
@@ -39,7 +38,6 @@ class RunDir:
     def __init__(self, path: Path, main: bool):
         self.path, self.main = path, main
         self.metrics_path = path / runfiles.METRICS
-        self.depends: dict | None = None  # what checkpoints record (checkpoint.depends)
         self._metrics = None
         self._tb = None
         self._wandb = None
@@ -196,20 +194,25 @@ def finished(run_dir: Path, main: bool) -> dict | None:
     checkpoint (the final one recomputes only its evaluation) and writes it again."""
     summary, why = runfiles.read_summary(run_dir)
     if why is not None and main:
-        print(f"nlq: warning: {run_dir / 'summary.json'} {why}: ignored; resuming from the "
+        print(f"nlq: warning: {run_dir / runfiles.SUMMARY} {why}: ignored; resuming from the "
               f"last checkpoint writes it again", file=sys.stderr)
     return summary
 
 
-def prepare_run_dir(cfg: Config, run: RunDir, resume: bool) -> Config:
-    """Resume: lock the run dir and read its config back. New run: check the data, then
-    make and lock the run dir (RunDir.create); the config is written once set up."""
+def prepare_run_dir(cfg: Config | None, run: RunDir, resume: bool) -> Config:
+    """Resume: lock the run dir and read its config, the one read of config.toml in a
+    resume. New run: make and lock the run dir (RunDir.create; the caller has checked the
+    data), and the config is written once set up."""
     run_dir, cfg_path = run.path, run.path / runfiles.CONFIG
     if resume:
         if not cfg_path.is_file():
             raise NlqError(f"{run_dir} is not an nlq run dir (no config.toml): nothing to resume")
         run.lock()
-        return config_from_toml(cfg_path.read_text())
-    TokenData.open(cfg.data.dir).check(cfg.model.vocab_size, cfg.model.block_size)
+        return read_run_config(run_dir)
     run.create()
     return cfg
+
+
+def read_run_config(run_dir: Path) -> Config:
+    """RUN/config.toml as a Config."""
+    return config_from_toml((Path(run_dir) / runfiles.CONFIG).read_text())

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import torch
 
 from nlq.config import Config
+from nlq.data.schedule import TokenData
 from nlq.model import Transformer, apply_fast_paths
 from nlq.run.batches import Batches
 from nlq.run.world import World
@@ -35,16 +36,18 @@ class Run:
     params: dict[str, int]  # parameter counts, for the meta row and the summary
     spikes: Spikes  # the spike detector (nlq/train/spikes.py), restored on resume
     init: dict | None = None  # what train.init_from loaded at step 0, for the meta row
+    depends: dict | None = None  # what checkpoints record and a resume checks (rank 0)
 
 
 def set_up(cfg: Config, files: RunDir, world: World, device: torch.device,
-           init: init_from.Init | None = None) -> Run:
+           init: init_from.Init | None = None, data: TokenData | None = None,
+           depends: dict | None = None) -> Run:
     """The batches (the data is checked before any model is built), the model initialised
     from train.seed (then from init, train.init_from's tensors, where given), compiled per
     block and wrapped for DDP / FSDP2 (nlq/train/dist.py), its optimizer, the precision, and
     NLQ_FAULT's hooks where the crash tests set it."""
     t = cfg.train
-    batches = Batches(cfg, world, device)
+    batches = Batches(cfg, world, device, data)
     model = Transformer(cfg.model, seed=t.seed)  # init keyed by (seed, name)
     # kernels of the same math: CPU autograd kernels; on CUDA fused projections and, unless
     # the whole model is compiled below, the paper's query compiled (nlq/model/fast.py)
@@ -66,7 +69,7 @@ def set_up(cfg: Config, files: RunDir, world: World, device: torch.device,
     if armed is not None:
         armed.attach(model, optimizer)
     return Run(cfg, world, device, files, batches, wrapped, optimizer, autocast, armed, params,
-               Spikes(), init=init.record() if init is not None else None)
+               Spikes(), init=init.record() if init is not None else None, depends=depends)
 
 
 def compile_model(model: Transformer, t) -> None:
