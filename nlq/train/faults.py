@@ -6,6 +6,8 @@ NLQ_FAULT="POINT@N" acts the N-th time (1-based) a training run reaches POINT:
     ckpt_model, ckpt_optim, ckpt_state, ckpt_rename, ckpt_latest
                   after that stage of its N-th checkpoint write (checkpoint.save) -> SIGKILL
     nan           the N-th optimizer step's loss is NaN (its gradients stay finite)
+    oom           the N-th optimizer step's forward raises torch.OutOfMemoryError, as a GPU
+                  out of memory does (faked on any device)
 Several specs may be joined with commas, e.g. NLQ_FAULT="nan@5,ckpt_state@2".
 
 None of this is in the training loop's code. from_env() reads NLQ_FAULT once when a run is
@@ -24,7 +26,7 @@ import torch
 from nlq.errors import NlqError
 
 CKPT_STAGES = ("ckpt_model", "ckpt_optim", "ckpt_state", "ckpt_rename", "ckpt_latest")
-POINTS = ("step", "eval", "nan", *CKPT_STAGES)
+POINTS = ("step", "eval", "nan", "oom", *CKPT_STAGES)
 
 
 class Faults:
@@ -42,6 +44,9 @@ class Faults:
             return False
         if point == "nan":
             return True
+        if point == "oom":
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB "
+                                         "(injected by NLQ_FAULT)")
         os.kill(os.getpid(), signal.SIGKILL)
         return False  # pragma: no cover
 
@@ -65,6 +70,7 @@ class Faults:
         if self.step_started:  # 'nan' counts steps: only a step's first micro-step
             return None
         self.step_started = True
+        self.hit("oom")
         if not self.hit("nan"):
             return None
         logits, loss = output

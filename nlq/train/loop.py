@@ -114,6 +114,12 @@ def train(cfg: Config | None, run_dir: str | Path, resume: bool = False, progres
         summary = _train(run, resume, progress)
         failed = False
         return summary
+    except torch.OutOfMemoryError as e:  # one line, not an allocator traceback
+        first = " ".join(str(e).split())[:160]
+        kept = ("its checkpoints are kept: " if checkpoint.any_saved(run_dir) else "")
+        raise NlqError(f"out of memory in run {run_dir} ({first}): {kept}lower "
+                       f"train.micro_batch (raise train.grad_accum to keep the batch), or run "
+                       f"fewer jobs on this device, then run it again") from None
     except OSError as e:  # metrics, tb events or summary.json on a full or read-only disk
         try:
             kept = checkpoint.any_saved(run_dir)
