@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 
 from nlq import runfiles
-from nlq.config import Config, config_from_toml
+from nlq.config import Config, load_config
 from nlq.errors import NlqError
 from nlq.fsutil import Locked, lock, unlock, write_atomic
 
@@ -214,5 +214,5 @@ def prepare_run_dir(cfg: Config | None, run: RunDir, resume: bool) -> Config:
 
 
 def read_run_config(run_dir: Path) -> Config:
-    """RUN/config.toml as a Config."""
-    return config_from_toml((Path(run_dir) / runfiles.CONFIG).read_text())
+    """RUN/config.toml as a Config (an error names the file)."""
+    return load_config(Path(run_dir) / runfiles.CONFIG)

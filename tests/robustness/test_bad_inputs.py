@@ -270,7 +270,8 @@ def build_cases(tmp: Path, data: Path, ref: Path, nl: Path) -> dict[str, Case]:
     run = stopped_at_6(ref, tmp / "other-arm")
     shutil.rmtree(run / "ckpt" / "step_000006")
     shutil.copytree(nl / "ckpt" / "step_000006", run / "ckpt" / "step_000006")
-    resume("checkpoint of another arm", run, ("step_000006", "another model config"),
+    resume("checkpoint of another arm", run, ("step_000006", "changed since checkpoint",
+                                               "model.query = 'nonlinear' -> 'linear'"),
            unchanged=(run,))
     run = stopped_at_6(ref, tmp / "other-shape")
     shutil.rmtree(run / "ckpt" / "step_000006")
