@@ -10,8 +10,9 @@
 #    compiled, the nanoGPT-style reference and the official code's model alike, the chunked
 #    loss and DDP in one process, with each row's top GPU kernels (profile);
 # 3. the study's first rung (d=256, 8 x 256): eager, compiled and CUDA graphs.
-# Logs and result files go to OUT_DIR (default benchmarks/results). Outside a git checkout
-# set NLQ_BENCH_COMMIT to the commit the tree is (benchmarks/record.py).
+# Logs and result files go to OUT_DIR (default benchmarks/results). On a copy of the tree whose
+# .git is missing or stale (a tree sent to a lent GPU machine) set NLQ_BENCH_COMMIT to the
+# clean commit it is (benchmarks/record.py); the tree must be committed first.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT_DIR=${1:-benchmarks/results}

@@ -73,3 +73,40 @@ def test_a_run_sharing_a_gpu_may_take_its_share_only(monkeypatch):
     memory.check_fits(cfg, dev, gpu_share=most)
     with pytest.raises(NlqError, match=f"1/{most + 1} of its 140.0 GiB: {most + 1} runs share"):
         memory.check_fits(cfg, dev, gpu_share=most + 1)
+
+
+def spec(cfg, threads=1):
+    from pathlib import Path
+
+    from nlq.experiments.runner import RunSpec
+
+    return RunSpec("linear", 0, cfg.replace(**{"train.threads": threads}), Path("r"))
+
+
+def test_jobs_auto_on_a_gpu_is_what_memory_and_cores_allow():
+    """--jobs auto on a GPU: the runs one GPU takes at once, bounded by 90% of its memory
+    over the largest run's estimate, by the cores (a core per thread per run, shared by the
+    GPUs), and by the number of runs; at least 1."""
+    from nlq.experiments.runner import auto_gpu_jobs
+
+    gib = 2 ** 30
+    small = load_config("small", {"model.block_size": 256, "train.micro_batch": 8})
+    big = load_config("gpt3-small")
+    need = memory.estimate(big, torch.device("cuda")).total
+    specs = [spec(small)] * 40
+    assert auto_gpu_jobs(specs, 1, 16, 140 * gib) == 16  # the cores bound it
+    assert auto_gpu_jobs(specs, 8, 16, 140 * gib) == 2  # 16 cores over 8 GPUs
+    assert auto_gpu_jobs(specs[:3], 1, 16, 140 * gib) == 3  # no more than the runs
+    mixed = specs + [spec(big)]  # the largest run sizes it
+    assert auto_gpu_jobs(mixed, 1, 64, 140 * gib) == int(0.9 * 140 * gib // need)
+    assert auto_gpu_jobs([spec(big)] * 4, 1, 64, need // 2) == 1  # at least 1
+    assert auto_gpu_jobs([spec(small, threads=4)] * 40, 1, 16, 140 * gib) == 4
+
+
+@pytest.mark.parametrize("value", ["0", "-2", "two", "1.5"])
+def test_bad_jobs_is_one_error(value, tmp_path):
+    from helpers import assert_user_error, nlq
+
+    p = nlq("reproduce", "--preset", "tiny", "--jobs", value, "--out", str(tmp_path / "o"))
+    assert_user_error(p, "--jobs")
+    assert not (tmp_path / "o").exists()

@@ -100,9 +100,10 @@ def add_reproduce_arguments(p) -> None:
                    help="run only these arms (the baseline is always added)")
     p.add_argument("--out", default=None, metavar="DIR",
                    help="output dir (default: out/<experiment>-<preset>)")
-    p.add_argument("--jobs", type=int, default=None,
-                   help="runs trained at once (default: on a CPU, its cores / --threads; "
-                        "on a GPU 1); with --launcher gpus, runs per GPU")
+    p.add_argument("--jobs", default="auto", metavar="N|auto",
+                   help="runs trained at once (with --launcher gpus: per GPU); auto, the "
+                        "default: on a CPU its cores / --threads, on a GPU as many as its "
+                        "memory holds (the runs' estimate) and the CPU cores feed")
     p.add_argument("--launcher", default="local", choices=LAUNCHERS,
                    help="how runs start: local (processes within the CPU thread budget, "
                         "the default) or gpus (--jobs runs on each visible GPU, each child "
@@ -160,9 +161,10 @@ def add_sweep_arguments(p) -> None:
                         "a seed of `nlq reproduce`")
     p.add_argument("--out", default=None, metavar="DIR",
                    help="output dir (default: out/sweep-<experiment>-<preset>)")
-    p.add_argument("--jobs", type=int, default=None,
-                   help="runs trained at once (default: on a CPU, its cores / --threads; "
-                        "on a GPU 1); with --launcher gpus, runs per GPU")
+    p.add_argument("--jobs", default="auto", metavar="N|auto",
+                   help="runs trained at once (with --launcher gpus: per GPU); auto, the "
+                        "default: on a CPU its cores / --threads, on a GPU as many as its "
+                        "memory holds (the runs' estimate) and the CPU cores feed")
     p.add_argument("--launcher", default="local", choices=LAUNCHERS,
                    help="how runs start: local (processes within the CPU thread budget, "
                         "the default) or gpus (--jobs runs on each visible GPU, each child "
@@ -192,21 +194,26 @@ def run_sweep(args) -> int:
                  args.launcher)
 
 
-def _jobs(jobs: int | None, threads: int = 1, launcher: str = "local") -> int:
-    """--jobs, or its default: on a CPU, as many runs as the cores hold at `threads` each.
-    The launcher is checked here too (--launcher gpus without a GPU), before any work."""
+def _jobs(jobs: str | int | None, threads: int = 1, launcher: str = "local") -> int | None:
+    """--jobs as a count, or None for "auto" on a GPU (sized from the runs' memory estimate
+    once they are planned: nlq/experiments/runner.py auto_gpu_jobs); on a CPU auto is as
+    many runs as the cores hold at `threads` each. The launcher is checked here too
+    (--launcher gpus without a GPU), before any work."""
     import torch
 
     from nlq.errors import NlqError
     from nlq.experiments.launch import make_launcher
 
     make_launcher(launcher, 1, threads)
-
-    if jobs is None:
-        jobs = 1 if torch.cuda.is_available() else max(1, cores() // threads)
-    if jobs < 1:
-        raise NlqError(f"--jobs must be >= 1, got {jobs}")
-    return jobs
+    if jobs is None or jobs == "auto":
+        return None if torch.cuda.is_available() else max(1, cores() // threads)
+    try:
+        n = int(jobs)
+    except (TypeError, ValueError):
+        raise NlqError(f"--jobs must be a count >= 1 or auto, got {jobs!r}") from None
+    if n < 1:
+        raise NlqError(f"--jobs must be >= 1, got {n}")
+    return n
 
 
 # ---------------------------------------------------------------------------------------
@@ -280,9 +287,10 @@ def add_study_arguments(p) -> None:
                    help="run only these rungs (default: every cpu rung of the ladder)")
     p.add_argument("--out", default="out/study", metavar="DIR",
                    help="output dir (default: out/study); one folder per rung")
-    p.add_argument("--jobs", type=int, default=None,
-                   help="runs trained at once (default: on a CPU, its cores / --threads; "
-                        "on a GPU 1); with --launcher gpus, runs per GPU")
+    p.add_argument("--jobs", default="auto", metavar="N|auto",
+                   help="runs trained at once (with --launcher gpus: per GPU); auto, the "
+                        "default: on a CPU its cores / --threads, on a GPU as many as its "
+                        "memory holds (the runs' estimate) and the CPU cores feed")
     p.add_argument("--launcher", default="local", choices=LAUNCHERS,
                    help="how runs start: local (processes within the CPU thread budget, "
                         "the default) or gpus (--jobs runs on each visible GPU, each child "

@@ -56,9 +56,12 @@ def _spawn(cmd: list[str], log: IO[str], env: dict[str, str]) -> subprocess.Pope
 
 @dataclass
 class Local:
-    """Child processes on this machine, within `budget` CPU threads."""
+    """Child processes on this machine, within `budget` CPU threads; on a GPU machine they
+    share its first GPU, `gpu_share` at a time (NLQ_GPU_SHARE: each run's memory check
+    allows it that share of the card)."""
 
     budget: int
+    gpu_share: int = 1
     name: str = "local"
 
     def fits(self, running: list[Job], threads: int) -> bool:
@@ -66,7 +69,8 @@ class Local:
 
     def start(self, key, cmd, log, threads, running) -> Job:
         # the run sets its own pool (train.threads); OpenMP outside torch's pool agrees
-        env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
+        env = {**os.environ, "OMP_NUM_THREADS": str(threads),
+               "NLQ_GPU_SHARE": str(self.gpu_share)}
         return Job(key, _spawn(cmd, log, env), log, threads)
 
 
@@ -114,7 +118,7 @@ LAUNCHERS = ("local", "gpus")
 def make_launcher(name: str, jobs: int, threads: int) -> Launcher:
     """The launcher `name` for a command of `jobs` runs at a time at `threads` threads each."""
     if name == "local":
-        return Local(budget=jobs * threads)
+        return Local(budget=jobs * threads, gpu_share=jobs)
     if name == "gpus":
         return Gpus(per_device=jobs)
     raise NlqError(f"--launcher {name!r} is not one of {', '.join(LAUNCHERS)}")

@@ -23,7 +23,7 @@ from pathlib import Path
 from nlq.config import Config
 from nlq.errors import NlqError
 from nlq.experiments.experiment import Experiment, experiment_arms, experiment_toml, load_experiment
-from nlq.experiments.runner import RunSpec, check_out, run_all, run_states
+from nlq.experiments.runner import RunSpec, check_out, resolve_jobs, run_all, run_states
 from nlq.fsutil import write_atomic
 from nlq.model.params import count_params, flops_per_token
 from nlq.report.claims import EXPERIMENT_FILE
@@ -159,7 +159,7 @@ def with_lrs(specs: list[RunSpec], lrs: dict[str, float]) -> list[RunSpec]:
 
 
 def reproduce(experiment: str, preset: str, seeds: int, arm_names: list[str] | None,
-              out: Path, jobs: int, force: bool, sets: dict | None = None,
+              out: Path, jobs: int | None, force: bool, sets: dict | None = None,
               lrs_from: Path | None = None, threads: int = 1, replicates: int = 0,
               replicate_threads: int | None = None, launcher: str = "local") -> int:
     import torch
@@ -173,13 +173,19 @@ def reproduce(experiment: str, preset: str, seeds: int, arm_names: list[str] | N
         lrs = read_sweep_lrs(lrs_from, preset, sets, sorted({s.arm for s in specs}))
         specs = with_lrs(specs, lrs["lrs"])
     states = run_states(specs)  # a run dir of another config is refused before any write
-    cost_only = preset == "gpt3-small" and not torch.cuda.is_available() and not force
+    cost_only_ = preset == "gpt3-small" and not torch.cuda.is_available() and not force
+    jobs = jobs if cost_only_ else resolve_jobs(jobs, specs, launcher)
+    cost_only = cost_only_
     if not cost_only:  # a config that cannot fit is refused before any write, too
         from nlq.run.memory import check_fits
         from nlq.train.dist import resolve_device
 
         for cfg in {s.arm: s.cfg for s in specs}.values():  # `jobs` runs share this machine
-            check_fits(cfg, resolve_device(cfg.train.device), procs=min(jobs, len(specs)))
+            device = resolve_device(cfg.train.device)
+            if device.type == "cuda":  # `jobs` runs share the GPU: each its share of it
+                check_fits(cfg, device, gpu_share=min(jobs, len(specs)))
+            else:
+                check_fits(cfg, device, procs=min(jobs, len(specs)))
     out.mkdir(parents=True, exist_ok=True)
     if lrs is not None:
         write_atomic(out / "lrs.json", json.dumps(lrs, indent=2))

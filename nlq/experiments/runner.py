@@ -7,7 +7,10 @@ local processes within a thread budget, or one run per GPU): each run is a child
 so a crash or a divergence of one never takes the others down. SIGINT / SIGTERM to the
 command stop it cleanly: no new run starts, the signal is passed to every running child (each
 checkpoints at its next step boundary and exits), and the command waits for them, then raises
-Interrupted; the same command continues where they stopped, to the same numbers.
+Interrupted; the same command continues where they stopped, to the same numbers. A run that
+fails (an error, or killed: the out-of-memory killer's SIGKILL) is recorded with its cause in
+OUT/failures.json while the others go on; the next command retries it, and a second failure
+of the same cause stops that command with one line naming the run and the cause.
 """
 
 from __future__ import annotations
@@ -100,6 +103,35 @@ def check_out(out: Path, command: str) -> None:
     shown = ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
     raise NlqError(f"{command} --out {out} holds files nlq did not write ({shown}): give a new "
                    f"or empty folder, or the folder of an earlier `nlq {command}`")
+
+
+def auto_gpu_jobs(specs: list[RunSpec], n_gpus: int, cores: int, total_bytes: int) -> int:
+    """--jobs auto on a GPU: the runs one GPU takes at once: as many as 90% of its memory
+    holds by the largest run's estimate (nlq/run/memory.py), and the CPU cores can feed (one
+    core a run, its --threads), at least 1."""
+    import torch
+
+    from nlq.run.memory import estimate
+
+    need = max(estimate(s.cfg, torch.device("cuda")).total for s in specs)
+    by_memory = int(0.9 * total_bytes // need)
+    by_cores = cores // (max(s.threads for s in specs) * max(1, n_gpus))
+    return max(1, min(by_memory, by_cores, len(specs)))
+
+
+def resolve_jobs(jobs: int | None, specs: list[RunSpec], launcher: str) -> int:
+    """jobs, or for auto (None, on a GPU) auto_gpu_jobs over this machine's GPUs."""
+    if jobs is not None:
+        return jobs
+    import torch
+
+    from nlq.experiments.launch import visible_gpus
+    from nlq.sysinfo import cores
+
+    n = len(visible_gpus()) if launcher == "gpus" else 1
+    jobs = auto_gpu_jobs(specs, n, cores(), int(torch.cuda.mem_get_info()[1]))
+    print(f"reproduce: --jobs auto: {jobs} run(s) at a time per GPU", file=sys.stderr)
+    return jobs
 
 
 def run_states(specs: list[RunSpec]) -> dict[Path, str]:

@@ -211,9 +211,14 @@ def measure_tok_s(cfg, threads: int, steps: int = 4) -> float:
         torch.set_num_threads(old)
 
 
-def print_plan(ladder: Ladder, names: list[str], out: Path, jobs: int, threads: int) -> None:
+def print_plan(ladder: Ladder, names: list[str], out: Path, jobs: int | None,
+               threads: int) -> None:
+    """jobs None: --jobs auto on a GPU, sized per rung when it runs (the hours below are
+    then those of one run at a time, an upper bound)."""
+    shown = jobs if jobs is not None else "auto (from GPU memory; hours below for 1)"
+    jobs = jobs or 1
     print(f"study: {len(names)} rung(s) of {ladder.experiment}, arms "
-          f"{', '.join(ladder.arms) or 'all'}; {jobs} run(s) at a time here")
+          f"{', '.join(ladder.arms) or 'all'}; {shown} run(s) at a time here")
     total_h = 0.0
     for n in names:
         r = ladder.rungs[n]
@@ -236,7 +241,7 @@ def print_plan(ladder: Ladder, names: list[str], out: Path, jobs: int, threads: 
 # running
 
 
-def run_rung(ladder: Ladder, rung: Rung, out: Path, jobs: int, threads: int = 1,
+def run_rung(ladder: Ladder, rung: Rung, out: Path, jobs: int | None, threads: int = 1,
              launcher: str = "local") -> int:
     """Sweep (growing the grid while a best lr sits at its edge), then the seeds."""
     check_rung(out, rung_record(ladder, rung))
@@ -277,7 +282,7 @@ def widen(lrs: list[float], chosen: dict, declared: list[float]) -> list[float]:
     return out
 
 
-def study(ladder_path: str | Path | None, names: list[str] | None, out: Path, jobs: int,
+def study(ladder_path: str | Path | None, names: list[str] | None, out: Path, jobs: int | None,
           force: bool = False, dry_run: bool = False, threads: int = 1,
           launcher: str = "local") -> int:
     import torch

@@ -36,7 +36,7 @@ from nlq import runfiles
 from nlq.errors import NlqError
 from nlq.experiments.experiment import load_experiment
 from nlq.experiments.reproduce import ensure_data, plan
-from nlq.experiments.runner import RunSpec, check_out, run_all, run_states
+from nlq.experiments.runner import RunSpec, check_out, resolve_jobs, run_all, run_states
 from nlq.fsutil import write_atomic
 from nlq.runfiles import read_summary
 
@@ -223,6 +223,7 @@ def sweep(experiment: str, preset: str, arms: list[str] | None, lrs: list[float]
     for s in specs:
         write_atomic(out / "configs" / s.config_name, s.cfg.to_toml())
     ensure_data(preset, specs[0].cfg)
+    jobs = resolve_jobs(jobs, specs, launcher)  # auto on a GPU: from the runs' memory
     failed = run_all(specs, load_experiment(experiment), jobs, out, states, launcher)
     if failed:
         print(f"sweep: {len(failed)} run(s) failed: {', '.join(failed)} (see their train.log; "
