@@ -345,3 +345,26 @@ def freeze(proc) -> None:
         return stat[stat.rindex(")") + 2] in "Tt"  # the field after "(comm)": the state
 
     wait_for(stopped, timeout=30, what=f"process {proc.pid} to stop")
+
+
+def last_step(run: Path) -> int:
+    """The last train step a run dir's metrics.jsonl logged (0: none yet, or unreadable)."""
+    try:
+        rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if x]
+    except (OSError, ValueError):
+        return 0
+    return max((r.get("step", 0) for r in rows if r.get("kind") == "train"), default=0)
+
+
+def children_of(out: Path) -> list[int]:
+    """Processes whose command line names OUT: the `nlq train` children of an experiment."""
+    pids = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                continue
+            if " train " in cmd and str(out) in cmd:
+                pids.append(int(d.name))
+    return pids

@@ -130,3 +130,49 @@ def test_killed_study_resumes_to_the_same_report(tmp_path):
     assert (res / "B" / "rung.json").is_file() and (res / "B" / "compare" / "report.md").is_file()
     assert len(list(res.rglob("summary.json"))) == len(list(whole.rglob("summary.json")))
     assert not list(res.rglob("ckpt"))
+
+
+@pytest.mark.slow
+def test_sigterm_mid_sweep_stops_exports_and_resumes_to_the_same_study(tmp_path):
+    """SIGTERM to `nlq study` while its first sweep trains 2 runs: every child stops (none
+    left), the study exits 143 having written its report of what finished (so `nlq export`
+    works on it), and the same command then ends with the study.json of an uninterrupted
+    study."""
+    import os
+    import signal
+    import subprocess
+    import time
+
+    from helpers import children_of, last_step, nlq_cmd
+
+    ladder = toy_ladder(tmp_path)
+    whole = tmp_path / "whole"
+    ok(study(ladder, whole))
+    out = tmp_path / "stopped"
+    p = subprocess.Popen(nlq_cmd("study", "--ladder", ladder, "--out", out, "--jobs", "2"),
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         env=dict(os.environ, OMP_NUM_THREADS="1"), start_new_session=True)
+    deadline = time.time() + 600
+    while True:  # two sweep runs under way, past their first checkpoint
+        runs = list((out / "A" / "sweep" / "runs").glob("*/*/*")) if out.exists() else []
+        if sum(last_step(r) >= 3 for r in runs) >= 1 and len(children_of(out)) == 2:
+            break
+        assert p.poll() is None and time.time() < deadline, "the sweep never got going"
+        time.sleep(0.1)
+    p.send_signal(signal.SIGTERM)
+    _, err = p.communicate(timeout=300)
+    assert p.returncode == 128 + signal.SIGTERM, err
+    assert "stopped by signal 15" in err and "Traceback" not in err
+    assert children_of(out) == []
+    assert (out / "study.json").is_file()
+    ok(nlq("export", out, tmp_path / "partial"))  # what finished is exportable
+    ok(study(ladder, out))
+
+    def numbers(d):
+        rep = json.loads((d / "study.json").read_text())
+        rep.pop("machine")
+        for r in rep["rungs"]:
+            r["cost"].pop("run_seconds")
+        return rep
+
+    assert numbers(out) == numbers(whole)

@@ -14,10 +14,9 @@ import os
 import signal
 import subprocess
 import time
-from pathlib import Path
 
 import pytest
-from helpers import assert_user_error, make_data, nlq, nlq_cmd, ok
+from helpers import assert_user_error, children_of, last_step, make_data, nlq, nlq_cmd, ok
 
 EXPERIMENT = """
 name = "signals"
@@ -50,28 +49,6 @@ def uninterrupted(setting):
     tmp, args = setting
     ok(nlq(*args, "--out", str(tmp / "ref"), timeout=600))
     return tmp / "ref"
-
-
-def last_step(run: Path) -> int:
-    try:
-        rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if x]
-    except (OSError, ValueError):
-        return 0
-    return max((r.get("step", 0) for r in rows if r.get("kind") == "train"), default=0)
-
-
-def children_of(out: Path) -> list[int]:
-    """Processes whose command line names OUT (its `nlq train` children)."""
-    pids = []
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            try:
-                cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            except OSError:
-                continue
-            if " train " in cmd and str(out) in cmd:
-                pids.append(int(d.name))
-    return pids
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM,
