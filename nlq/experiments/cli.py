@@ -85,6 +85,18 @@ def _fmt_pct(p: float) -> str:
 # nlq reproduce
 
 
+def add_launch_arguments(p) -> None:
+    """--jobs and --launcher, shared by reproduce, sweep and study."""
+    p.add_argument("--jobs", default="auto", metavar="N|auto",
+                   help="runs trained at once (with --launcher gpus: per GPU); auto, the "
+                        "default: on a CPU its cores / --threads, on a GPU as many as its "
+                        "memory holds (the runs' estimate) and the CPU cores feed")
+    p.add_argument("--launcher", default="local", choices=LAUNCHERS,
+                   help="how runs start: local (processes within the CPU thread budget, "
+                        "the default) or gpus (--jobs runs on each visible GPU, each child "
+                        "seeing its own); nlq/experiments/launch.py")
+
+
 def add_reproduce_arguments(p) -> None:
     p.add_argument("--experiment", default="paper", metavar="NAME|FILE",
                    help="shipped experiment (paper, strong-baseline, encoder) or a TOML file "
@@ -100,14 +112,7 @@ def add_reproduce_arguments(p) -> None:
                    help="run only these arms (the baseline is always added)")
     p.add_argument("--out", default=None, metavar="DIR",
                    help="output dir (default: out/<experiment>-<preset>)")
-    p.add_argument("--jobs", default="auto", metavar="N|auto",
-                   help="runs trained at once (with --launcher gpus: per GPU); auto, the "
-                        "default: on a CPU its cores / --threads, on a GPU as many as its "
-                        "memory holds (the runs' estimate) and the CPU cores feed")
-    p.add_argument("--launcher", default="local", choices=LAUNCHERS,
-                   help="how runs start: local (processes within the CPU thread budget, "
-                        "the default) or gpus (--jobs runs on each visible GPU, each child "
-                        "seeing its own); nlq/experiments/launch.py")
+    add_launch_arguments(p)
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="config override for every arm, e.g. train.max_steps=100")
     p.add_argument("--force", action="store_true",
@@ -161,14 +166,7 @@ def add_sweep_arguments(p) -> None:
                         "a seed of `nlq reproduce`")
     p.add_argument("--out", default=None, metavar="DIR",
                    help="output dir (default: out/sweep-<experiment>-<preset>)")
-    p.add_argument("--jobs", default="auto", metavar="N|auto",
-                   help="runs trained at once (with --launcher gpus: per GPU); auto, the "
-                        "default: on a CPU its cores / --threads, on a GPU as many as its "
-                        "memory holds (the runs' estimate) and the CPU cores feed")
-    p.add_argument("--launcher", default="local", choices=LAUNCHERS,
-                   help="how runs start: local (processes within the CPU thread budget, "
-                        "the default) or gpus (--jobs runs on each visible GPU, each child "
-                        "seeing its own); nlq/experiments/launch.py")
+    add_launch_arguments(p)
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="config override for every run, e.g. train.max_steps=100")
     p.add_argument("--threads", type=int, default=1, metavar="N",
@@ -287,14 +285,7 @@ def add_study_arguments(p) -> None:
                    help="run only these rungs (default: every cpu rung of the ladder)")
     p.add_argument("--out", default="out/study", metavar="DIR",
                    help="output dir (default: out/study); one folder per rung")
-    p.add_argument("--jobs", default="auto", metavar="N|auto",
-                   help="runs trained at once (with --launcher gpus: per GPU); auto, the "
-                        "default: on a CPU its cores / --threads, on a GPU as many as its "
-                        "memory holds (the runs' estimate) and the CPU cores feed")
-    p.add_argument("--launcher", default="local", choices=LAUNCHERS,
-                   help="how runs start: local (processes within the CPU thread budget, "
-                        "the default) or gpus (--jobs runs on each visible GPU, each child "
-                        "seeing its own); nlq/experiments/launch.py")
+    add_launch_arguments(p)
     p.add_argument("--threads", type=int, default=1, metavar="N",
                    help="intra-op CPU threads of every run (default 1): a fixed count, so the "
                         "command sums floats in the same order on any machine of the same ISA; "
