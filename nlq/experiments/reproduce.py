@@ -173,12 +173,12 @@ def reproduce(experiment: str, preset: str, seeds: int, arm_names: list[str] | N
         lrs = read_sweep_lrs(lrs_from, preset, sets, sorted({s.arm for s in specs}))
         specs = with_lrs(specs, lrs["lrs"])
     states = run_states(specs)  # a run dir of another config is refused before any write
-    cost_only_ = preset == "gpt3-small" and not torch.cuda.is_available() and not force
-    jobs = jobs if cost_only_ else resolve_jobs(jobs, specs, launcher)
-    cost_only = cost_only_
+    cost_only = preset == "gpt3-small" and not torch.cuda.is_available() and not force
     if not cost_only:  # a config that cannot fit is refused before any write, too
         from nlq.run.memory import check_fits
         from nlq.train.dist import resolve_device
+
+        jobs = resolve_jobs(jobs, specs, launcher)  # auto on a GPU: from the runs' memory
 
         for cfg in {s.arm: s.cfg for s in specs}.values():  # `jobs` runs share this machine
             device = resolve_device(cfg.train.device)

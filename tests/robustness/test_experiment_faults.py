@@ -17,6 +17,7 @@ import time
 
 import pytest
 from helpers import assert_user_error, children_of, last_step, make_data, nlq, nlq_cmd, ok
+from test_reproduce import SETS as MINI_SETS
 
 EXPERIMENT = """
 name = "signals"
@@ -28,10 +29,11 @@ train.max_steps = 60
 model.query = "nonlinear"
 """
 
-SETS = ["model.vocab_size=320", "model.block_size=16", "model.n_layer=1", "model.n_head=2",
-        "model.d_model=32", "model.mlp_hidden=64", "train.micro_batch=4",
-        "train.eval_interval=100", "train.eval_batches=2", "train.warmup_steps=2",
-        "train.ckpt_interval=2", "train.log_interval=1"]
+# the mini experiment's settings (tests/test_reproduce.py), one micro-step a step, evaluated
+# only at the end
+SETS = [s for s in MINI_SETS if s.split("=")[0] not in ("train.grad_accum",
+                                                         "train.eval_interval")]
+SETS.append("train.eval_interval=100")
 
 
 @pytest.fixture(scope="module")
