@@ -338,3 +338,25 @@ def test_qk_norm_normalises_each_head():
         att = torch.softmax(q @ k.transpose(-1, -2) * a.scale, -1)
         want = (att @ v).transpose(1, 2).reshape(B, T, -1) @ a.o_proj.weight.T
         torch.testing.assert_close(a(X), want, **TOL)
+
+
+@pytest.mark.parametrize("kw", [{}, {"qk_norm": True, "attn_scale_mult": 2.0},
+                                {"n_kv_head": 2, "query": "nonlinear"}, {"pos_emb": "rope"}])
+@pytest.mark.parametrize("masking", ["causal", "bidirectional", "mask"])
+def test_logits_are_the_ones_forward_softmaxes(kw, masking):
+    """Attention.logits (the logit-range measurement) is the forward's math: softmax of its
+    logits over the allowed positions times V, through o_proj, equals forward."""
+    attn = attention(**kw)
+    B, T, C = 2, 16, 32
+    x = torch.randn(B, T, C, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+    rope = None
+    if kw.get("pos_emb") == "rope":
+        rope = tuple(t.double() for t in rope_cache(tiny(**kw)))
+    mask = prefix_lm_mask(T, 5) if masking == "mask" else None
+    causal = masking == "causal"
+    logits, allowed = attn.logits(x, mask, causal, rope)  # (B, nh, T, T)
+    p = logits.double().masked_fill(~allowed, float("-inf")).softmax(-1)
+    v = attn.v_proj(x).view(B, T, attn.nkv, attn.hs).transpose(1, 2)  # (B, nkv, T, hs)
+    v = v.repeat_interleave(attn.nh // attn.nkv, dim=1)  # (B, nh, T, hs)
+    y = (p @ v).transpose(1, 2).reshape(B, T, C)  # (B, T, C)
+    torch.testing.assert_close(attn.o_proj(y), attn(x, mask, causal, rope), rtol=0, atol=1e-6)

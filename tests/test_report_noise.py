@@ -231,3 +231,32 @@ def test_batched_bootstrap_equals_a_plain_loop():
         stat.append(np.mean(per_seed))
     lo, hi = np.quantile(stat, [0.025, 0.975])
     assert (got["lo"], got["hi"]) == (pytest.approx(lo, rel=1e-12), pytest.approx(hi, rel=1e-12))
+
+
+def test_attention_logit_ranges_recomputed_by_hand(tmp_path):
+    """The report's attention-logit table: per arm the mean and max over seeds of each run's
+    largest |logit| over layers, the sd mean over layers and runs; runs without the record
+    (older ones) are left out, an arm with none has no row."""
+    exp = experiment(tmp_path / "exp", seeds=3)
+    recs = {}
+    for summ in sorted(exp.glob("runs/*/seed*/summary.json")):
+        arm, k = summ.parent.parent.name, int(summ.parent.name[len("seed"):])
+        if arm == "linear+12.5%" or (arm == "linear" and k == 2):
+            continue
+        rec = {"rows": 4, "max_abs": [2.0 + k, 5.0 * (arm == "nonlinear") + k],
+               "sd": [0.5, 1.0 + k]}
+        recs.setdefault(arm, []).append(rec)
+        s = json.loads(summ.read_text())
+        summ.write_text(json.dumps(s | {"attn_logits": rec}))
+    rep = build_report([exp], tmp_path / "r")
+    rows = {r["arm"]: r for r in rep["attention_logits"]}
+    assert set(rows) == {"linear", "nonlinear"}
+    for arm, rs in recs.items():
+        tops = [max(r["max_abs"]) for r in rs]
+        assert rows[arm]["n_seeds"] == len(rs)
+        assert rows[arm]["max_abs_mean"] == pytest.approx(np.mean(tops))
+        assert rows[arm]["max_abs_max"] == max(tops)
+        assert rows[arm]["sd_mean"] == pytest.approx(np.mean([v for r in rs for v in r["sd"]]))
+    md = (tmp_path / "r" / "report.md").read_text()
+    assert "## Attention logits at the end of training" in md
+    assert f"| nonlinear | 3 | {rows['nonlinear']['max_abs_mean']:.2f} |" in md

@@ -406,3 +406,36 @@ def test_the_model_is_freed_before_the_process_group_is_torn_down(data, tmp_path
     monkeypatch.setattr(loop.dist, "teardown", spy_teardown)
     train(tiny_config(data), tmp_path / "run", progress=False)
     assert alive_at_teardown == [False]
+
+
+def test_summary_records_the_attention_logit_range(runs, data):
+    """Every run's summary holds each layer's largest |attention logit| and their sd; the
+    measurement itself: doubling the attention scale of the same weights doubles both, and a
+    QK-norm model at init stays within its bound sqrt(hs) * scale multiplier (gains at 1)."""
+    import json
+    import types
+
+    from nlq.run.scoring import attention_logit_range
+
+    cfg = tiny_config(data)
+    rec = json.loads((runs() / "summary.json").read_text())["attn_logits"]
+    assert len(rec["max_abs"]) == len(rec["sd"]) == cfg.model.n_layer
+    assert all(a > s > 0 for a, s in zip(rec["max_abs"], rec["sd"]))
+
+    x = torch.randint(0, cfg.model.vocab_size, (4, cfg.model.block_size),
+                      generator=torch.Generator().manual_seed(0))
+    fake = types.SimpleNamespace(val_chunk=lambda i: (x, x), prefix_len=None)
+    import contextlib
+
+    def measure(**kw):
+        m = Transformer(dataclasses.replace(cfg.model, **kw), seed=1)
+        return attention_logit_range(m, fake, contextlib.nullcontext())
+
+    one, two = measure(), measure(attn_scale_mult=2.0)
+    for key in ("max_abs", "sd"):
+        assert two[key] == pytest.approx([2 * v for v in one[key]], rel=1e-3)
+    hs = cfg.model.d_model // cfg.model.n_head
+    for mult in (1.0, 4.0):
+        got = measure(qk_norm=True, attn_scale_mult=mult)["max_abs"]
+        assert max(got) <= math.sqrt(hs) * mult * 1.001
+        assert max(got) > 0.1 * math.sqrt(hs) * mult  # measured, not zero

@@ -67,6 +67,28 @@ class Attention(nn.Module):
         nlq/model/fast.py's FusedQKVAttention runs them as one matrix product on CUDA."""
         return self.q(x), self.k_proj(x), self.v_proj(x)
 
+    def logits(self, x, mask=None, is_causal=False, rope=None):
+        """The pre-softmax attention logits of forward(x, ...): (logits (B, nh, T, T), allowed
+        (bool, broadcastable to it), True where a query may attend). For measuring their range
+        (the QK-norm arms: a normalised q.k times the scale is bounded), never for training."""
+        B, T, _ = x.shape
+        q, k, _ = self.qkv(x)
+        q = q.view(B, T, self.nh, self.hs).transpose(1, 2)  # (B, nh, T, hs)
+        k = k.view(B, T, self.nkv, self.hs).transpose(1, 2)  # (B, nkv, T, hs)
+        if self.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        if rope is not None:
+            q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+        k = k.repeat_interleave(self.nh // self.nkv, dim=1)  # (B, nh, T, hs): GQA's sharing
+        logits = (q @ k.transpose(-2, -1)).float() * self.scale  # (B, nh, T, T)
+        if mask is not None:
+            allowed = mask
+        elif is_causal:
+            allowed = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
+        else:
+            allowed = torch.ones(T, T, dtype=torch.bool, device=x.device)
+        return logits, allowed
+
     def forward(self, x, mask=None, is_causal=False, rope=None):
         B, T, C = x.shape
         q, k, v = self.qkv(x)

@@ -1,6 +1,6 @@
 """report.md from report.json's content (nlq.report.summary.summarize): one function per
 section, in the order they appear; the sections on numerical noise and convergence are
-rendered by nlq.report.markdown_noise. Its first lines say what stops a verdict: a verdict or a
+rendered by nlq.report.markdown_noise, as is the attention logits' range. Its first lines say what stops a verdict: a verdict or a
 control status that changes with the summation order (nlq.report.noise), then the positive
 control."""
 
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 
-from nlq.report.markdown_noise import convergence_section, noise_section
+from nlq.report.markdown_noise import convergence_section, logits_section, noise_section
 from nlq.report.verdicts import fmt_signed
 
 
@@ -19,7 +19,7 @@ def render_markdown(rep: dict, fig_name: str | None = "fig1.png") -> str:
     if rep.get("first_line"):
         L += [f"**{rep['first_line']}**", ""]
     L += _measured(rep) + _results(rep) + _preregistered(rep) + _verdicts(rep)
-    L += noise_section(rep) + convergence_section(rep) + _stability(rep)
+    L += noise_section(rep) + convergence_section(rep) + logits_section(rep) + _stability(rep)
     if fig_name:
         L += ["## Fig. 1", "", f"![Fig. 1]({fig_name})", "",
               ("Top: validation log-loss against optimizer steps, mean over seeds (band: "

@@ -105,3 +105,22 @@ def convergence_section(rep: dict) -> list[str]:
                f"each run's steps (its last two evals where that span holds fewer), mean over "
                f"seeds; the fall is in % of the final val loss. {c['answer']}"), ""]
     return L
+
+
+def logits_section(rep: dict) -> list[str]:
+    """The attention logits' range at the end of training, per arm (what a QK-norm arm's bound
+    and its scale leave the softmax: README, "The study")."""
+    rows = rep.get("attention_logits")
+    if not rows:
+        return []
+    L = ["## Attention logits at the end of training", "",
+         "| arm | seeds | largest \\|logit\\| (mean over seeds) | largest over seeds | logit sd |",
+         "|---|---|---|---|---|"]
+    for a in rows:
+        L.append(f"| {a['arm']} | {a['n_seeds']} | {a['max_abs_mean']:.2f} | "
+                 f"{a['max_abs_max']:.2f} | {a['sd_mean']:.2f} |")
+    L += ["", (f"Pre-softmax logits q·k·scale over the positions each query may attend, on the "
+               f"first {rows[0]['rows']} val sequences; per run the largest over its layers, "
+               f"and the sd mean over layers. A QK-norm arm's |logit| is at most "
+               f"sqrt(head size) x the scale multiplier x its norms' gains."), ""]
+    return L

@@ -185,6 +185,7 @@ def summarize(runs: list[Run], baseline: str = "linear", title: str = "nlq repor
         "strong_baseline": strong_baseline(rows, by_arm, baseline, outcomes),
         "numerical_noise": noise,
         "convergence": conv,
+        "attention_logits": logit_ranges({a: by_arm[a] for a in rows}),
         "incomplete": [{"run_dir": str(r.dir), "arm": r.arm, "seed": r.seed,
                         "replicate": r.replicate, "last_eval_step": r.last_step,
                         "reason": r.problem}
@@ -193,6 +194,23 @@ def summarize(runs: list[Run], baseline: str = "linear", title: str = "nlq repor
         "notes": notes,
     }
 
+
+
+def logit_ranges(by_arm: dict[str, list]) -> list[dict]:
+    """Per arm, over its seeds that recorded it (summary.json "attn_logits", nlq/run/scoring.py):
+    the mean of each run's largest |attention logit| over its layers, the largest over runs,
+    and the mean logit sd over layers and runs. Empty when no run recorded it."""
+    out = []
+    for arm, runs in by_arm.items():
+        recs = [r.summary["attn_logits"] for r in runs if (r.summary or {}).get("attn_logits")]
+        if not recs:
+            continue
+        tops = [max(x["max_abs"]) for x in recs]
+        sds = [v for x in recs for v in x["sd"]]
+        out.append({"arm": arm, "n_seeds": len(recs), "max_abs_mean": math.fsum(tops) / len(tops),
+                    "max_abs_max": max(tops), "sd_mean": math.fsum(sds) / len(sds),
+                    "rows": recs[0].get("rows")})
+    return out
 
 
 def _finite(x) -> bool:

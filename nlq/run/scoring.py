@@ -107,3 +107,41 @@ def doc_windows(docs: list, T: int, eot: int) -> tuple[torch.Tensor, torch.Tenso
             rows.append(w)
             owner.append(j)
     return torch.stack(rows), torch.tensor(owner, dtype=torch.long)
+
+
+@torch.no_grad()
+def attention_logit_range(wrapped: torch.nn.Module, batches: Batches,
+                          autocast: contextlib.AbstractContextManager, rows: int = 4) -> dict | None:
+    """Per layer, the largest |pre-softmax attention logit| and the logits' sd over the
+    positions a query may attend, on the first `rows` sequences of val chunk 0: what an
+    attention scale does (a QK-norm model's q.k * scale is bounded by sqrt(hs) times the scale
+    multiplier and the norms' gains). None where the model runs compiled block by block (the
+    blocks' graphs would not call the hooks). Every rank must call it (FSDP gathers)."""
+    from nlq.model.transformer import Attention
+
+    model = getattr(wrapped, "module", wrapped)  # DDP's module
+    model = getattr(model, "_orig_mod", model)  # the eager model under whole-model compile
+    if any(type(m).__name__ == "OptimizedModule" for m in model.modules()):
+        return None
+    stats: list[tuple[float, float]] = []
+
+    def measure(mod, args, kwargs, _out):
+        logits, allowed = mod.logits(*args, **kwargs)  # (b, nh, T, T), broadcastable bool
+        vals = logits.masked_select(allowed.expand_as(logits))  # (allowed,)
+        stats.append((vals.abs().max().item(), vals.std().item()))
+
+    layers = [m for m in model.modules() if isinstance(m, Attention)]
+    hooks = [m.register_forward_hook(measure, with_kwargs=True) for m in layers]
+    was_training = model.training
+    model.eval()
+    try:
+        x, _ = batches.val_chunk(0)
+        with autocast:
+            model(x[:rows], prefix_len=batches.prefix_len)
+    finally:
+        for h in hooks:
+            h.remove()
+        model.train(was_training)
+    return {"rows": int(min(rows, len(x))),  # 5 significant digits: a range, not a loss
+            "max_abs": [float(f"{a:.5g}") for a, _ in stats],
+            "sd": [float(f"{s:.5g}") for _, s in stats]}

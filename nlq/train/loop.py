@@ -33,7 +33,7 @@ from nlq.extras import need
 from nlq.fsutil import write_atomic
 from nlq.model.params import flops_per_token
 from nlq.run import checkpoint, memory
-from nlq.run.scoring import evaluate, evaluate_test
+from nlq.run.scoring import attention_logit_range, evaluate, evaluate_test
 from nlq.run.world import all_reduce_sum
 from nlq.sysinfo import check_threads, machine_record
 from nlq.train import alloc, dist, init_from
@@ -329,6 +329,11 @@ def finish(run: Run, pos: Position, val_loss: float, val_ppl: float) -> dict:
                     "test_tokens": sum(docs["tokens"]), "test_docs": len(docs["doc"])}
         if run.world.main:
             write_atomic(run.files.path / runfiles.TEST_DOCS, json.dumps(docs))
+    # the attention logits' range per layer (the QK-norm arms' bounded logits: README, "The
+    # study"); after the test split, so nothing scored depends on it
+    logit_range = attention_logit_range(run.wrapped, run.batches, run.autocast)
+    if logit_range is not None:
+        summary["attn_logits"] = logit_range
     if run.world.main:
         write_atomic(run.files.path / runfiles.SUMMARY, json.dumps(summary, indent=2))
     return summary
