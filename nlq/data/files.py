@@ -19,8 +19,9 @@ from pathlib import Path
 from nlq.errors import NlqError
 
 LOCAL_SUFFIXES = (".txt", ".jsonl", ".parquet")
-SPEC_HELP = ("embedded, embedded:kjv, embedded:all, hf:NAME[:CONFIG], or a .txt/.jsonl/.parquet "
-             "file, folder or glob")
+SPEC_HELP = ("embedded, embedded:kjv, embedded:all, embedded:sotu, embedded:wiki, "
+             "embedded:shakespeare-extra, embedded:prose, hf:NAME[:CONFIG], or a "
+             ".txt/.jsonl/.parquet file, folder or glob")
 
 
 def decode_text(data: bytes, path: Path | str, where: str = "") -> str:
