@@ -53,6 +53,13 @@ def test_a_good_ladder_and_the_shipped_one_load(tmp_path):
     ({}, {"set": '{ "model.nope" = 1 }'}, r"rungs\.A\.set: .*model\.nope"),
     ({}, {"set": "3"}, r"rungs\.A\.set must be a table"),
     ({}, {"description": "3"}, r"rungs\.A\.description must be a string"),
+    # tokens_per_param: positive, and not beside the steps it sets
+    ({}, {"tokens_per_param": "0", "set": "{}"}, (r"rungs\.A\.tokens_per_param must be a "
+     r"positive number, got 0")),
+    ({}, {"tokens_per_param": '"20"', "set": "{}"}, r"tokens_per_param must be a positive"),
+    ({}, {"tokens_per_param": "1e-9", "set": "{}"}, r"tokens_per_param = 1e-09 gives 0 step"),
+    ({}, {"tokens_per_param": "20"}, (r"rungs\.A: tokens_per_param sets train\.max_steps; "
+     r"give one or the other")),
     # the ladder's own keys
     ({"arms": '["linear", "quadratic"]'}, {}, r"arms: unknown arm 'quadratic'"),
     ({"arms": '"linear"'}, {}, r"arms must be a list of arm names"),
@@ -75,3 +82,28 @@ def test_study_refuses_a_bad_ladder_before_writing(tmp_path):
     assert p.returncode == 2
     assert_user_error(p, "rungs.A.seeds", "-3")
     assert not (tmp_path / "o").exists()
+
+
+def test_tokens_per_param_sets_the_steps_and_the_warmup(tmp_path):
+    """Two model sizes at one tokens_per_param train on the same tokens per non-embedding
+    parameter; the warmup keeps the preset's proportion; the shipped ladder's rungs hold the
+    ratios its comments give."""
+    from nlq.config import load_config
+    from nlq.model.params import count_params
+
+    wide = '{ "model.d_model" = 128, "model.n_head" = 4, "model.mlp_hidden" = 512 }'
+    for sets in ("{}", wide):
+        lad = load_ladder(write_ladder(tmp_path / "t.toml", rung={
+            "preset": '"small"', "tokens_per_param": "20", "set": sets}))
+        r = lad.rungs["A"]
+        cfg = load_config("small", r.sets)
+        n = count_params(cfg.model)[1]
+        per_step = cfg.train.micro_batch * cfg.model.block_size
+        assert r.sets["train.max_steps"] == round(20 * n / per_step)
+        assert abs(cfg.train.max_steps * per_step / n - 20) < per_step / n
+        assert r.sets["train.warmup_steps"] == round(r.sets["train.max_steps"] * 500 / 2000)
+    shipped = load_ladder().rungs
+    assert shipped["S0"].sets["train.max_steps"] == 2000  # the README's main command
+    assert shipped["S1"].sets["train.max_steps"] == 2000
+    assert shipped["S0-short"].tokens_per_param == shipped["S1"].tokens_per_param == \
+        shipped["S2"].tokens_per_param

@@ -49,6 +49,9 @@ class Rung:
     sets: dict = field(default_factory=dict)
     device: str = "cpu"  # "cuda": not started on a machine without a CUDA GPU
     description: str = ""
+    # training tokens per non-embedding parameter of the baseline: sets train.max_steps (and
+    # the warmup in the preset's proportion) in `sets`, so rungs of other sizes train alike
+    tokens_per_param: float | None = None
 
 
 @dataclass(frozen=True)
@@ -89,7 +92,8 @@ def load_ladder(path: str | Path | None = None) -> Ladder:
 
 
 def _rung(path: Path, name: str, r) -> Rung:
-    keys = {"preset", "lrs", "sweep_seeds", "seeds", "set", "device", "description"}
+    keys = {"preset", "lrs", "sweep_seeds", "seeds", "set", "device", "description",
+            "tokens_per_param"}
     where = f"ladder {path}: rungs.{name}"
     if not isinstance(r, dict):
         raise NlqError(f"{where} must be a table ([rungs.{name}])")
@@ -117,15 +121,43 @@ def _rung(path: Path, name: str, r) -> Rung:
     if not isinstance(sets, dict):
         raise NlqError(f"{where}.set must be a table of config overrides, got {sets!r}")
     try:
-        load_config(r["preset"], sets)  # the same validation as --set: names the config key
+        cfg = load_config(r["preset"], sets)  # the same validation as --set: names the key
     except NlqError as e:
         raise NlqError(f"{where}.set: {e}") from None
+    tpp = r.get("tokens_per_param")
+    if tpp is not None:
+        both = sorted({"train.max_steps", "train.warmup_steps"} & set(sets))
+        if both:
+            raise NlqError(f"{where}: tokens_per_param sets {both[0]}; give one or the other")
+        sets = {**sets, **steps_for(cfg, tpp, where)}
     desc = r.get("description", "")
     if not isinstance(desc, str):
         raise NlqError(f"{where}.description must be a string, got {desc!r}")
     return Rung(name=name, preset=r["preset"], lrs=[float(x) for x in r["lrs"]],
                 sweep_seeds=counts["sweep_seeds"], seeds=counts["seeds"], sets=dict(sets),
-                device=r.get("device", "cpu"), description=desc)
+                device=r.get("device", "cpu"), description=desc,
+                tokens_per_param=None if tpp is None else float(tpp))
+
+
+def steps_for(cfg, tokens_per_param, where: str) -> dict:
+    """The overrides that train cfg's model (the baseline: the preset with the rung's set) on
+    tokens_per_param tokens per non-embedding parameter: train.max_steps, and
+    train.warmup_steps in the preset's proportion of warmup to steps (the recipe pilot's
+    warmup 500 of 2,000 steps: docs/experiments.md)."""
+    from nlq.model.params import count_params
+
+    if (not isinstance(tokens_per_param, (int, float)) or isinstance(tokens_per_param, bool)
+            or not math.isfinite(tokens_per_param) or tokens_per_param <= 0):
+        raise NlqError(f"{where}.tokens_per_param must be a positive number, got "
+                       f"{tokens_per_param!r}")
+    t = cfg.train
+    per_step = t.micro_batch * t.grad_accum * cfg.model.block_size
+    steps = round(tokens_per_param * count_params(cfg.model)[1] / per_step)
+    if steps < 2:
+        raise NlqError(f"{where}.tokens_per_param = {tokens_per_param!r} gives {steps} "
+                       f"step(s) of {per_step:,} tokens: too few to train")
+    return {"train.max_steps": steps,
+            "train.warmup_steps": max(1, round(steps * t.warmup / t.max_steps))}
 
 
 def rung_record(ladder: Ladder, rung: Rung) -> dict:

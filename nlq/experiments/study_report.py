@@ -93,7 +93,8 @@ def render(rows: list[dict], ladder, m: dict) -> str:
           f"for every arm, seeds at the chosen lrs, test split, positive control first; its "
           f"own report in `<rung>/compare/report.md`). Δ = log-loss % vs the baseline per "
           f"seed, mean [paired 95% CI]."), ""]
-    L.append("| rung | model | non-emb. params (baseline) | tokens / run | seeds | control | "
+    L.append("| rung | model | non-emb. params (baseline) | tokens / run (per non-emb. param) "
+             "| seeds | control | "
              + " | ".join(f"{a}" for a in arms) + " |")
     L.append("|---" * (6 + len(arms)) + "|")
     costs = []
@@ -115,8 +116,10 @@ def render(rows: list[dict], ladder, m: dict) -> str:
                              f"[{_fmt(lo)}, {_fmt(hi)}]")
         n = min(v["n_seeds"] for v in r["arms"].values())
         ctrl = "passed" if r["control_passed"] else "**failed: cannot test the claim**"
+        tpp = r["tokens_per_run"] / r["params_non_embedding"]
         L.append(f"| {r['rung']} | {r['description']} | {r['params_non_embedding']:,} | "
-                 f"{r['tokens_per_run'] / 1e6:.1f}M | {n} | {ctrl} | " + " | ".join(cells) + " |")
+                 f"{r['tokens_per_run'] / 1e6:.2f}M ({tpp:.1f} per param) | {n} | {ctrl} | "
+                 + " | ".join(cells) + " |")
         costs.append(f"{r['rung']}: {r['cost']['runs']} runs, "
                      f"{r['cost']['run_seconds'] / 3600:.1f} h of training summed over runs")
     L += ["", (f"Cost: {'; '.join(costs) or 'nothing run'}. Report written at commit "
