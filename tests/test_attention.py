@@ -360,3 +360,16 @@ def test_logits_are_the_ones_forward_softmaxes(kw, masking):
     v = v.repeat_interleave(attn.nh // attn.nkv, dim=1)  # (B, nh, T, hs)
     y = (p @ v).transpose(1, 2).reshape(B, T, C)  # (B, T, C)
     torch.testing.assert_close(attn.o_proj(y), attn(x, mask, causal, rope), rtol=0, atol=1e-6)
+
+
+def test_the_qknorm_arms_share_one_logit_scale():
+    """linear-qknorm and nonlinear-qknorm differ in the query only: the same attention scale
+    (a folded 1/2 of the nonlinear query would halve its normalised logits), twice the
+    1/sqrt(hs) of linear-qknorm-x1."""
+    from nlq.experiments.experiment import experiment_arms, load_experiment
+
+    exp = load_experiment("strong-baseline")
+    cfgs = experiment_arms(exp, "small", names=["linear-qknorm", "nonlinear-qknorm"])
+    scales = {a: Transformer(c.model, seed=0).blocks[0].attn.scale for a, c in cfgs.items()}
+    hs = cfgs["linear-qknorm"].model.head_dim
+    assert scales == {"linear-qknorm": 2 / math.sqrt(hs), "nonlinear-qknorm": 2 / math.sqrt(hs)}
