@@ -79,6 +79,22 @@ def test_ladder_errors_name_the_key(tmp_path):
     assert load_ladder(ladder).rungs["B"].sets["model.d_model"] == 48
 
 
+def test_a_gpu_rung_without_a_gpu_is_one_error_unless_forced(tmp_path):
+    """R1 needs CUDA: on a machine without it, one error before anything is written (its
+    --dry-run still prints the plan)."""
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA GPU is visible: the rung would run")
+    p = nlq("study", "--rungs", "R1", "--out", tmp_path / "o", "--jobs", "auto")
+    assert p.returncode == 2, p.stderr
+    assert "rung R1 needs a CUDA GPU and none is visible here" in p.stderr
+    assert "--force" in p.stderr and p.stderr.count("nlq: error") == 1
+    assert not (tmp_path / "o").exists()
+    p = nlq("study", "--rungs", "R1", "--out", tmp_path / "o", "--dry-run")
+    assert p.returncode == 0 and "R1" in p.stdout
+
+
 def test_changed_rung_on_resume_is_refused_before_any_training(tmp_path):
     ladder = toy_ladder(tmp_path)
     out = tmp_path / "study"

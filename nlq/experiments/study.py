@@ -333,16 +333,19 @@ def study(ladder_path: str | Path | None, names: list[str] | None, out: Path, jo
         r = ladder.rungs[n]
         if (out / n / RUNG_FILE).is_file():
             check_rung(out / n, rung_record(ladder, r))
+    gpu = [n for n in names if ladder.rungs[n].device == "cuda"]
+    if gpu and not dry_run and not force and not torch.cuda.is_available():
+        # before any run: --jobs auto would size a GPU's share, and hours of CPU would go to
+        # a rung sized for a GPU
+        raise NlqError(f"rung {gpu[0]} needs a CUDA GPU and none is visible here: run `nlq "
+                       f"study --rungs {','.join(gpu)}` on a GPU machine (see --dry-run for "
+                       f"its cost), or add --force to train it on this CPU")
     print_plan(ladder, names, out, jobs, threads)
     if dry_run:
         return 0
     rc = 0
     for n in names:
         r = ladder.rungs[n]
-        if r.device == "cuda" and not torch.cuda.is_available() and not force:
-            print(f"study: {n} needs a CUDA GPU (none here): skipped; run `nlq study --rungs "
-                  f"{n}` on a GPU machine, or add --force", file=sys.stderr)
-            continue
         print(f"study: rung {n}: {r.description}", file=sys.stderr)
         try:
             rc = run_rung(ladder, r, out / n, jobs, threads, launcher) or rc
