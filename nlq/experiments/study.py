@@ -274,8 +274,9 @@ def print_plan(ladder: Ladder, names: list[str], out: Path, jobs: int | None,
 
 
 def run_rung(ladder: Ladder, rung: Rung, out: Path, jobs: int | None, threads: int = 1,
-             launcher: str = "local") -> int:
-    """Sweep (growing the grid while a best lr sits at its edge), then the seeds."""
+             launcher: str = "local", after_phase=lambda: None) -> int:
+    """Sweep (growing the grid while a best lr sits at its edge), then the seeds;
+    after_phase() after each sweep pass and after the seeds (the study's --export)."""
     check_rung(out, rung_record(ladder, rung))
     arms = ladder.arms or None
     lrs = list(rung.lrs)
@@ -283,6 +284,7 @@ def run_rung(ladder: Ladder, rung: Rung, out: Path, jobs: int | None, threads: i
     for _ in range(2 * round(math.log(MAX_WIDEN) / math.log(grid_step(lrs))) + 1):
         rc = sweep(ladder.experiment, rung.preset, arms, lrs, rung.sweep_seeds, out / "sweep",
                    jobs, rung.sets, threads, launcher)
+        after_phase()
         if rc != 0:
             return rc
         result = json.loads((out / "sweep" / RESULT_FILE).read_text())
@@ -292,9 +294,11 @@ def run_rung(ladder: Ladder, rung: Rung, out: Path, jobs: int | None, threads: i
         print(f"study: {rung.name}: a best lr lies at the grid's edge; growing the grid to "
               f"{', '.join(f'{v:.4g}' for v in grown)}", file=sys.stderr)
         lrs = grown
-    return reproduce(ladder.experiment, rung.preset, rung.seeds, arms, out / "compare", jobs,
-                     force=False, sets=rung.sets, lrs_from=out / "sweep" / RESULT_FILE,
-                     threads=threads, launcher=launcher)
+    rc = reproduce(ladder.experiment, rung.preset, rung.seeds, arms, out / "compare", jobs,
+                   force=False, sets=rung.sets, lrs_from=out / "sweep" / RESULT_FILE,
+                   threads=threads, launcher=launcher)
+    after_phase()
+    return rc
 
 
 def widen(lrs: list[float], chosen: dict, declared: list[float]) -> list[float]:
@@ -316,12 +320,21 @@ def widen(lrs: list[float], chosen: dict, declared: list[float]) -> list[float]:
 
 def study(ladder_path: str | Path | None, names: list[str] | None, out: Path, jobs: int | None,
           force: bool = False, dry_run: bool = False, threads: int = 1,
-          launcher: str = "local") -> int:
+          launcher: str = "local", export: Path | None = None) -> int:
+    """export: a folder that receives `nlq export OUT` (every finished run, no checkpoints)
+    after every phase of every rung and when the study stops, so a study cut off by a time
+    limit (a GPU loan, a job's wall clock) has lost no finished run."""
     import torch
 
     from nlq.experiments.study_report import build_study_report
+    from nlq.report.export import export_results
 
     check_out(out, "study")  # a folder of the user's is refused before any work
+    if export is not None:
+        e, o = Path(export).resolve(), out.resolve()
+        if e == o or o in e.parents or e in o.parents:
+            raise NlqError(f"--export {export}: give a folder neither inside nor above --out "
+                           f"{out}")
     ladder = load_ladder(ladder_path)
     experiment_path(ladder.experiment)  # an unknown experiment fails before any work
     names = names or [n for n, r in ladder.rungs.items() if r.device == "cpu"]
@@ -343,13 +356,18 @@ def study(ladder_path: str | Path | None, names: list[str] | None, out: Path, jo
     print_plan(ladder, names, out, jobs, threads)
     if dry_run:
         return 0
+    def report():
+        build_study_report(ladder, out)
+        if export is not None:
+            export_results(out, export)
+
     rc = 0
     for n in names:
         r = ladder.rungs[n]
         print(f"study: rung {n}: {r.description}", file=sys.stderr)
         try:
-            rc = run_rung(ladder, r, out / n, jobs, threads, launcher) or rc
+            rc = run_rung(ladder, r, out / n, jobs, threads, launcher, after_phase=report) or rc
         finally:  # after every rung, and when a signal stopped it: its finished runs show
-            build_study_report(ladder, out)
-    build_study_report(ladder, out)
+            report()
+    report()
     return rc
