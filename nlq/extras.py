@@ -23,7 +23,9 @@ EXTRAS: dict[str, tuple[str, str]] = {
     "tensorboard": ("tensorboard", "tb"),
     "transformers": ("transformers", "hf"),
     "wandb": ("wandb", "wandb"),
+    "submitit": ("submitit", "slurm"),
 }
+OUTSIDE_ALL = ("wandb", "slurm")  # extras that nlq[all] leaves out (pyproject.toml)
 
 
 def need(module: str, what: str) -> ModuleType:
@@ -36,6 +38,7 @@ def need(module: str, what: str) -> ModuleType:
         if top not in EXTRAS:
             raise
         pip_name, extra = EXTRAS[top]
+        also = " (or nlq[all])" if extra not in OUTSIDE_ALL else ""
         raise NlqError(f"{what} needs the package '{pip_name}', which is not installed: "
-                       f"pip install 'nlq[{extra}]' (or nlq[all])") from None
+                       f"pip install 'nlq[{extra}]'{also}") from None
 

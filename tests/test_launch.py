@@ -56,7 +56,9 @@ def test_gpus_without_a_gpu_is_refused(monkeypatch):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     with pytest.raises(NlqError, match="no CUDA GPU is visible"):
         launch.make_launcher("gpus", jobs=1, threads=1)
-    with pytest.raises(NlqError, match="--launcher 'slurm' is not one of local, gpus"):
+    with pytest.raises(NlqError, match="--launcher 'pbs' is not one of local, gpus, slurm"):
+        launch.make_launcher("pbs", jobs=1, threads=1)
+    with pytest.raises(NlqError, match="--launcher slurm needs --slurm FILE"):
         launch.make_launcher("slurm", jobs=1, threads=1)
 
 

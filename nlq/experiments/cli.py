@@ -86,15 +86,40 @@ def _fmt_pct(p: float) -> str:
 
 
 def add_launch_arguments(p) -> None:
-    """--jobs and --launcher, shared by reproduce, sweep and study."""
+    """--jobs, --launcher and --slurm, shared by reproduce, sweep and study."""
     p.add_argument("--jobs", default="auto", metavar="N|auto",
-                   help="runs trained at once (with --launcher gpus: per GPU); auto, the "
-                        "default: on a CPU its cores / --threads, on a GPU as many as its "
-                        "memory holds (the runs' estimate) and the CPU cores feed")
+                   help="runs trained at once (with --launcher gpus: per GPU; slurm: jobs "
+                        "submitted at once); auto, the default: on a CPU its cores / "
+                        "--threads, on a GPU as many as its memory holds (the runs' estimate) "
+                        "and the CPU cores feed, on slurm the table's array_parallelism (256)")
     p.add_argument("--launcher", default="local", choices=LAUNCHERS,
                    help="how runs start: local (processes within the CPU thread budget, "
-                        "the default) or gpus (--jobs runs on each visible GPU, each child "
-                        "seeing its own); nlq/experiments/launch.py")
+                        "the default), gpus (--jobs runs on each visible GPU, each child "
+                        "seeing its own) or slurm (each run a job submitted through submitit; "
+                        "needs --slurm FILE); nlq/experiments/launch.py")
+    p.add_argument("--slurm", default=None, metavar="FILE",
+                   help="with --launcher slurm: a TOML file whose [slurm] table holds the "
+                        "cluster's settings (partition, timeout_min, gpus_per_node, "
+                        "cpus_per_task, mem_gb, account, qos, constraint, setup, ...; "
+                        "executor = \"local\" runs the jobs on this machine), every key checked")
+
+
+def _launcher(args, out: Path):
+    """--launcher as run_all takes it: its name, or for slurm the settings read from --slurm
+    FILE (every key checked, submitit's job files under OUT/slurm by default); a --slurm
+    without --launcher slurm, or the reverse, is an error. Before any work."""
+    from nlq.errors import NlqError
+    from nlq.experiments.slurm import slurm_settings
+
+    if args.slurm is not None and args.launcher != "slurm":
+        raise NlqError(f"--slurm {args.slurm} is for --launcher slurm (this command's "
+                       f"launcher is {args.launcher})")
+    if args.launcher != "slurm":
+        return args.launcher
+    if args.slurm is None:
+        raise NlqError("--launcher slurm needs --slurm FILE: a TOML file whose [slurm] table "
+                       "holds the cluster's settings (partition, timeout_min, ...)")
+    return slurm_settings(args.slurm, out)
 
 
 def add_reproduce_arguments(p) -> None:
@@ -140,12 +165,13 @@ def run_reproduce(args) -> int:
     threads = check_threads(args.threads, "--threads")
     rthreads = (check_threads(args.replicate_threads, "--replicate-threads")
                 if args.replicates else None)
-    jobs = _jobs(args.jobs, threads, args.launcher)
     exp_name = Path(args.experiment).stem
     out = Path(args.out or f"out/{exp_name}-{args.preset}")
+    launcher = _launcher(args, out)
+    jobs = _jobs(args.jobs, threads, launcher)
     return reproduce(args.experiment, args.preset, args.seeds, arms, out, jobs, args.force,
                      parse_sets(args.set), Path(args.lrs_from) if args.lrs_from else None,
-                     threads, args.replicates, rthreads, args.launcher)
+                     threads, args.replicates, rthreads, launcher)
 
 
 # ---------------------------------------------------------------------------------------
@@ -187,22 +213,26 @@ def run_sweep(args) -> int:
     arms = [a.strip() for a in args.arms.split(",") if a.strip()] if args.arms else None
     out = Path(args.out or f"out/sweep-{Path(args.experiment).stem}-{args.preset}")
     threads = check_threads(args.threads, "--threads")
+    launcher = _launcher(args, out)
     return sweep(args.experiment, args.preset, arms, lrs, args.seeds, out,
-                 _jobs(args.jobs, threads, args.launcher), parse_sets(args.set), threads,
-                 args.launcher)
+                 _jobs(args.jobs, threads, launcher), parse_sets(args.set), threads, launcher)
 
 
-def _jobs(jobs: str | int | None, threads: int = 1, launcher: str = "local") -> int | None:
+def _jobs(jobs: str | int | None, threads: int = 1, launcher="local") -> int | None:
     """--jobs as a count, or None for "auto" on a GPU (sized from the runs' memory estimate
     once they are planned: nlq/experiments/runner.py auto_gpu_jobs); on a CPU auto is as
-    many runs as the cores hold at `threads` each. The launcher is checked here too
-    (--launcher gpus without a GPU), before any work."""
+    many runs as the cores hold at `threads` each; on slurm (launcher: its SlurmSettings)
+    the table's array_parallelism. The launcher is checked here too (--launcher gpus without
+    a GPU, slurm without submitit or sbatch), before any work."""
     import torch
 
     from nlq.errors import NlqError
     from nlq.experiments.launch import make_launcher
+    from nlq.experiments.slurm import SlurmSettings
 
     make_launcher(launcher, 1, threads)
+    if (jobs is None or jobs == "auto") and isinstance(launcher, SlurmSettings):
+        return launcher.jobs
     if jobs is None or jobs == "auto":
         return None if torch.cuda.is_available() else max(1, cores() // threads)
     try:
@@ -294,6 +324,10 @@ def add_study_arguments(p) -> None:
                    help="print the plan and its cost (measured here), train nothing")
     p.add_argument("--force", action="store_true",
                    help="train a cuda rung even where no GPU is present")
+    p.add_argument("--export", default=None, metavar="DIR",
+                   help="also `nlq export` the study into DIR (every finished run, no "
+                        "checkpoints) after each phase of each rung and when it stops, so a "
+                        "study cut off by a time limit has lost no finished run")
 
 
 def run_study(args) -> int:
@@ -301,8 +335,10 @@ def run_study(args) -> int:
 
     names = [r.strip() for r in args.rungs.split(",") if r.strip()] if args.rungs else None
     threads = check_threads(args.threads, "--threads")
-    return study(args.ladder, names, Path(args.out), _jobs(args.jobs, threads, args.launcher),
-                 args.force, args.dry_run, threads, args.launcher)
+    launcher = _launcher(args, Path(args.out))
+    return study(args.ladder, names, Path(args.out), _jobs(args.jobs, threads, launcher),
+                 args.force, args.dry_run, threads, launcher,
+                 Path(args.export) if args.export else None)
 
 
 # name: (help, add_arguments, run)

@@ -12,8 +12,8 @@ changed config refused, the queue, signals forwarded to the children, what faile
 - "gpus": --jobs runs per visible GPU at a time (default one), each child seeing only its
   own GPU (CUDA_VISIBLE_DEVICES), for a study on a machine of several GPUs.
 
-A cluster scheduler (e.g. Slurm through submitit) would be a third class here with the same
-two methods.
+- "slurm": each run a job submitted to a Slurm cluster through submitit, the cluster's
+  settings from `--slurm FILE` (nlq/experiments/slurm.py).
 """
 
 from __future__ import annotations
@@ -27,12 +27,22 @@ from typing import IO, Protocol
 from nlq.errors import NlqError
 
 
+class Proc(Protocol):
+    """What the runner asks of a started run: a subprocess.Popen, or SubmititProc."""
+
+    returncode: int | None
+
+    def poll(self) -> int | None: ...
+
+    def send_signal(self, sig: int) -> None: ...
+
+
 @dataclass
 class Job:
     """A started run: its child process, the file its output goes to, the slot it holds."""
 
     key: object  # the runner's handle for the run (its RunSpec)
-    proc: subprocess.Popen
+    proc: Proc
     log: IO[str]
     threads: int
     slot: str | None = None  # the GPU it holds ("gpus")
@@ -112,13 +122,22 @@ def visible_gpus() -> list[str]:
     return [str(i) for i in range(torch.cuda.device_count())] if torch.cuda.is_available() else []
 
 
-LAUNCHERS = ("local", "gpus")
+LAUNCHERS = ("local", "gpus", "slurm")
+# what --launcher (and --slurm) pass down to run_all: a launcher's name, or the settings of
+# --launcher slurm (nlq/experiments/slurm.py SlurmSettings)
+LauncherSpec = object
 
 
-def make_launcher(name: str, jobs: int, threads: int) -> Launcher:
-    """The launcher `name` for a command of `jobs` runs at a time at `threads` threads each."""
+def make_launcher(name: LauncherSpec, jobs: int, threads: int) -> Launcher:
+    """The launcher `name` for a command of `jobs` runs at a time at `threads` threads each
+    (slurm: its SlurmSettings, from --slurm FILE)."""
+    if not isinstance(name, str):  # a launcher's settings (nlq/experiments/slurm.py)
+        return name.launcher(jobs)
     if name == "local":
         return Local(budget=jobs * threads, gpu_share=jobs)
     if name == "gpus":
         return Gpus(per_device=jobs)
+    if name == "slurm":
+        raise NlqError("--launcher slurm needs --slurm FILE: a TOML file whose [slurm] table "
+                       "holds the cluster's settings (partition, timeout_min, ...)")
     raise NlqError(f"--launcher {name!r} is not one of {', '.join(LAUNCHERS)}")

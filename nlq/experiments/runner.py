@@ -3,10 +3,11 @@
 Before anything is written, each planned run's state (run_states): finished (skipped),
 resume (a checkpoint), or new; a run dir holding another config is refused, naming the keys
 that differ. Then run_all trains what is left through a launcher (nlq/experiments/launch.py:
-local processes within a thread budget, or one run per GPU): each run is a child `nlq train`,
-so a crash or a divergence of one never takes the others down. SIGINT / SIGTERM to the
-command stop it cleanly: no new run starts, the signal is passed to every running child (each
-checkpoints at its next step boundary and exits), and the command waits for them, then raises
+local processes within a thread budget, one run per GPU, or Slurm jobs through submitit): each
+run is a child `nlq train` (on Slurm, its job's child), so a crash or a divergence of one never
+takes the others down. SIGINT / SIGTERM to the command stop it cleanly: no new run starts, the
+signal is passed to every running child (each checkpoints at its next step boundary and
+exits), and the command waits for them, then raises
 Interrupted; the same command continues where they stopped, to the same numbers. A run that
 fails (an error, or killed: the out-of-memory killer's SIGKILL) is recorded with its cause in
 OUT/failures.json while the others go on; the next command retries it, and a second failure
@@ -26,7 +27,7 @@ from pathlib import Path
 from nlq import runfiles
 from nlq.config import Config, flatten, load_config
 from nlq.errors import NlqError
-from nlq.experiments.launch import make_launcher
+from nlq.experiments.launch import LauncherSpec, make_launcher
 from nlq.fsutil import write_atomic
 from nlq.runfiles import read_summary
 
@@ -119,7 +120,7 @@ def auto_gpu_jobs(specs: list[RunSpec], n_gpus: int, cores: int, total_bytes: in
     return max(1, min(by_memory, by_cores, len(specs)))
 
 
-def resolve_jobs(jobs: int | None, specs: list[RunSpec], launcher: str) -> int:
+def resolve_jobs(jobs: int | None, specs: list[RunSpec], launcher: LauncherSpec) -> int:
     """jobs, or for auto (None, on a GPU) auto_gpu_jobs over this machine's GPUs."""
     if jobs is not None:
         return jobs
@@ -196,9 +197,11 @@ def _last_step(run_dir: Path) -> int:
 
 
 def run_all(specs: list[RunSpec], exp, jobs: int, out: Path,
-            states: dict[Path, str] | None = None, launcher: str = "local") -> list[str]:
+            states: dict[Path, str] | None = None,
+            launcher: LauncherSpec = "local") -> list[str]:
     """Train every planned run that is not finished, `jobs` at a time through the launcher
-    named (nlq/experiments/launch.py; "local": within jobs x the runs' threads of CPU);
+    named (nlq/experiments/launch.py; "local": within jobs x the runs' threads of CPU; slurm:
+    its SlurmSettings, from --slurm FILE);
     returns the arms/seeds that failed. Raises Interrupted when a signal stopped the command
     (after its running children stopped). states: run_states(specs), if checked already."""
     from tqdm import tqdm
