@@ -192,3 +192,36 @@ def test_sigterm_mid_sweep_stops_exports_and_resumes_to_the_same_study(tmp_path)
         return rep
 
     assert numbers(out) == numbers(whole)
+
+
+@pytest.mark.slow
+def test_a_study_killed_mid_phase_has_exported_every_finished_run(tmp_path):
+    """--export DIR: a study SIGKILLed (no handler runs: a time limit's kill) while its first
+    rung's seeds train has every run of that rung's finished sweep in DIR, without
+    checkpoints; the rerun completes DIR to what `nlq export` of the whole study gives."""
+    import time
+
+    from helpers import kill_group, nlq_cmd, popen_group
+
+    ladder = toy_ladder(tmp_path)
+    out, exp = tmp_path / "out", tmp_path / "exported"
+    p = popen_group(nlq_cmd("study", "--ladder", ladder, "--out", out, "--jobs", "2",
+                            "--export", exp), OMP_NUM_THREADS="1")
+    deadline = time.time() + 600
+    while not (out / "A" / "compare" / "runs").is_dir():  # the sweep phase is over
+        assert p.poll() is None and time.time() < deadline, p.communicate()[1][-2000:]
+        time.sleep(0.1)
+    kill_group(p)
+    p.wait()
+    sweep_runs = sorted(r.parent.relative_to(out) for r in
+                        (out / "A" / "sweep" / "runs").rglob("summary.json"))
+    assert len(sweep_runs) >= 2 * 3 * 2  # 2 arms x 3 lrs x 2 seeds
+    got = sorted(r.parent.relative_to(exp) for r in exp.rglob("summary.json"))
+    assert got == sweep_runs
+    assert (exp / "A" / "sweep" / "sweep.json").is_file() and not list(exp.rglob("ckpt*"))
+    ok(study(ladder, out, "--export", exp))
+    ok(nlq("export", out, tmp_path / "whole"))
+    names = sorted(str(f.relative_to(tmp_path / "whole"))
+                   for f in (tmp_path / "whole").rglob("*") if f.is_file())
+    assert names == sorted(str(f.relative_to(exp)) for f in exp.rglob("*") if f.is_file())
+    assert len(list(exp.rglob("summary.json"))) == len(list(out.rglob("summary.json")))
