@@ -356,8 +356,9 @@ def last_step(run: Path) -> int:
     return max((r.get("step", 0) for r in rows if r.get("kind") == "train"), default=0)
 
 
-def children_of(out: Path) -> list[int]:
-    """Processes whose command line names OUT: the `nlq train` children of an experiment."""
+def children_of(out: Path, what: str = " train ") -> list[int]:
+    """Processes whose command line names OUT and holds `what`: by default the `nlq train`
+    children of an experiment."""
     pids = []
     for d in Path("/proc").iterdir():
         if d.name.isdigit():
@@ -365,6 +366,18 @@ def children_of(out: Path) -> list[int]:
                 cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
             except OSError:
                 continue
-            if " train " in cmd and str(out) in cmd:
+            if what in cmd and str(out) in cmd:
                 pids.append(int(d.name))
     return pids
+
+
+def stoppable_experiment(mini_sets: list[str], max_steps: int, eval_interval: int
+                         ) -> tuple[str, list[str]]:
+    """(experiment TOML, --set values): linear and nonlinear on the mini experiment's settings
+    (tests/test_reproduce.py SETS), one micro-step a step, max_steps long and evaluated every
+    eval_interval steps: runs long enough to be stopped part way."""
+    toml = (f'name = "stoppable"\nbaseline = "linear"\n[base]\ntrain.max_steps = {max_steps}\n'
+            f'[arms.linear]\n[arms.nonlinear]\nmodel.query = "nonlinear"\n')
+    sets = [s for s in mini_sets if s.split("=")[0] not in ("train.grad_accum",
+                                                             "train.eval_interval")]
+    return toml, [*sets, f"train.eval_interval={eval_interval}"]

@@ -31,6 +31,7 @@ from helpers import (
     nlq_cmd,
     ok,
     snapshot,
+    stoppable_experiment,
     wait_for,
 )
 from test_reproduce import SETS as MINI_SETS
@@ -327,18 +328,7 @@ def test_a_study_through_slurm_gives_the_study_of_local_runs(tmp_path):
 
 
 # runs long enough to be stopped part way (eval only at the end)
-LONG = """
-name = "long"
-baseline = "linear"
-[base]
-train.max_steps = 200
-[arms.linear]
-[arms.nonlinear]
-model.query = "nonlinear"
-"""
-LONG_SETS = [s for s in MINI_SETS if s.split("=")[0] not in ("train.grad_accum",
-                                                             "train.eval_interval")]
-LONG_SETS.append("train.eval_interval=1000")
+LONG, LONG_SETS = stoppable_experiment(MINI_SETS, max_steps=200, eval_interval=1000)
 
 
 @pytest.fixture(scope="module")
@@ -394,7 +384,7 @@ def test_a_stopped_command_stops_every_job_and_the_rerun_continues_exactly(long_
         kill_group(p)  # nothing left behind by a failure (the jobs are in its group)
     assert p.returncode == 128 + sig, err
     assert f"stopped by signal {int(sig)}" in err and "Traceback" not in err
-    assert children_of(out) == [] and _submitit_processes(out) == []
+    assert children_of(out) == [] and children_of(out, "submitit") == []
     assert not any((r / "summary.json").exists() for r in runs)
     assert sum(any((r / "ckpt").glob("step_*")) for r in runs) == 2
     ok(nlq(*cmd, timeout=600))
@@ -419,7 +409,7 @@ def test_a_preempted_job_checkpoints_is_requeued_and_resumes_exactly(long_settin
         os.kill(child, signal.SIGSTOP)  # held where it is while the signals arrive
         run = next(r for r in runs if last_step(r) >= 6)
         assert not (run / "summary.json").exists()
-        [task] = _submitit_processes(out, "submitit.core._submit")
+        [task] = children_of(out, "submitit.core._submit")
         os.kill(child, signal.SIGUSR2)
         os.kill(task, signal.SIGUSR2)
         time.sleep(1)  # the job's handler has sent SIGTERM to the run
@@ -432,18 +422,3 @@ def test_a_preempted_job_checkpoints_is_requeued_and_resumes_exactly(long_settin
     assert "stopped by signal 15 at step" in log  # by the job, not killed by SIGUSR2
     assert any("Requeued job" in f.read_text() for f in (out / "slurm").glob("*_log.*"))
     same_as_reference(tmp, out)
-
-
-def _submitit_processes(out: Path, what: str = "submitit") -> list[int]:
-    """Processes whose command line names submitit and OUT (a local job's controller and
-    its task)."""
-    pids = []
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            try:
-                cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            except OSError:
-                continue
-            if what in cmd and str(out) in cmd:
-                pids.append(int(d.name))
-    return pids

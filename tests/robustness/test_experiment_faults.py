@@ -16,24 +16,20 @@ import subprocess
 import time
 
 import pytest
-from helpers import assert_user_error, children_of, last_step, make_data, nlq, nlq_cmd, ok
+from helpers import (
+    assert_user_error,
+    children_of,
+    last_step,
+    make_data,
+    nlq,
+    nlq_cmd,
+    ok,
+    stoppable_experiment,
+)
 from test_reproduce import SETS as MINI_SETS
 
-EXPERIMENT = """
-name = "signals"
-baseline = "linear"
-[base]
-train.max_steps = 60
-[arms.linear]
-[arms.nonlinear]
-model.query = "nonlinear"
-"""
-
-# the mini experiment's settings (tests/test_reproduce.py), one micro-step a step, evaluated
-# only at the end
-SETS = [s for s in MINI_SETS if s.split("=")[0] not in ("train.grad_accum",
-                                                         "train.eval_interval")]
-SETS.append("train.eval_interval=100")
+# the mini experiment's arms and settings, 60 steps, evaluated only at the end
+EXPERIMENT, SETS = stoppable_experiment(MINI_SETS, max_steps=60, eval_interval=100)
 
 
 @pytest.fixture(scope="module")
