@@ -93,9 +93,9 @@ def render(rows: list[dict], ladder, m: dict) -> str:
           f"for every arm, seeds at the chosen lrs, test split, positive control first; its "
           f"own report in `<rung>/compare/report.md`). Δ = log-loss % vs the baseline per "
           f"seed, mean [paired 95% CI]."), ""]
-    L.append("| rung | model | non-emb. params (baseline) | tokens / run (per non-emb. param) "
-             "| seeds | control | "
-             + " | ".join(f"{a}" for a in arms) + " |")
+    L.append("| " + " | ".join(["rung", "model", "non-emb. params (baseline)",
+                                "tokens / run (per non-emb. param)", "seeds", "control",
+                                *arms]) + " |")
     L.append("|---" * (6 + len(arms)) + "|")
     costs = []
     for r in rows:
