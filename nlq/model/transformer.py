@@ -71,14 +71,8 @@ class Attention(nn.Module):
         """The pre-softmax attention logits of forward(x, ...): (logits (B, nh, T, T), allowed
         (bool, broadcastable to it), True where a query may attend). For measuring their range
         (the QK-norm arms: a normalised q.k times the scale is bounded), never for training."""
-        B, T, _ = x.shape
-        q, k, _ = self.qkv(x)
-        q = q.view(B, T, self.nh, self.hs).transpose(1, 2)  # (B, nh, T, hs)
-        k = k.view(B, T, self.nkv, self.hs).transpose(1, 2)  # (B, nkv, T, hs)
-        if self.qk_norm:
-            q, k = self.q_norm(q), self.k_norm(k)
-        if rope is not None:
-            q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+        T = x.shape[1]
+        q, k, _ = self.heads(x, rope)
         k = k.repeat_interleave(self.nh // self.nkv, dim=1)  # (B, nh, T, hs): GQA's sharing
         logits = (q @ k.transpose(-2, -1)).float() * self.scale  # (B, nh, T, T)
         if mask is not None:
@@ -89,8 +83,10 @@ class Attention(nn.Module):
             allowed = torch.ones(T, T, dtype=torch.bool, device=x.device)
         return logits, allowed
 
-    def forward(self, x, mask=None, is_causal=False, rope=None):
-        B, T, C = x.shape
+    def heads(self, x, rope=None):
+        """x (B, T, C) -> q (B, nh, T, hs), k and v (B, nkv, T, hs): projected, split into
+        heads, q and k normalised (qk_norm) and rotated (rope) as attention uses them."""
+        B, T, _ = x.shape
         q, k, v = self.qkv(x)
         q = q.view(B, T, self.nh, self.hs).transpose(1, 2)  # (B, nh, T, hs)
         k = k.view(B, T, self.nkv, self.hs).transpose(1, 2)  # (B, nkv, T, hs)
@@ -99,6 +95,11 @@ class Attention(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         if rope is not None:
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+        return q, k, v
+
+    def forward(self, x, mask=None, is_causal=False, rope=None):
+        B, T, C = x.shape
+        q, k, v = self.heads(x, rope)
         y = F.scaled_dot_product_attention(
             q, k, v, attn_mask=mask, is_causal=is_causal, scale=self.scale,
             dropout_p=self.dropout if self.training else 0.0, enable_gqa=self.nkv != self.nh,
