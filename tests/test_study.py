@@ -67,6 +67,27 @@ def test_widen_of_a_sqrt2_grid_steps_by_sqrt2_to_the_same_factor():
     assert lrs[0] == pytest.approx(x2[0], rel=1e-12) == 2.5e-3
 
 
+def test_plan_counts_a_grown_grid_and_each_phase_finished_runs(tmp_path):
+    """The plan's run count follows the sweep's grid once it has grown past the ladder's, and
+    each phase's finished runs count against that phase only (a grown sweep's surplus must
+    not hide unfinished evaluation seeds)."""
+    from nlq.experiments.study import rung_cost
+
+    ladder = load_ladder(toy_ladder(tmp_path))
+    out, rung = tmp_path / "study", ladder.rungs["A"]
+    assert rung_cost(ladder, rung, out)["runs"] == 2 * (3 * 2 + 2)  # arms x (grid x seeds + seeds)
+    sweep = out / "A" / "sweep"
+    sweep.mkdir(parents=True)
+    (sweep / "sweep-plan.json").write_text(json.dumps({"grid": [5e-4, 1e-3, 2e-3, 4e-3, 8e-3]}))
+    for i in range(2 * 5 * 2):  # every sweep run of the grown grid finished
+        (sweep / "runs" / f"r{i}").mkdir(parents=True)
+        (sweep / "runs" / f"r{i}" / "summary.json").write_text("{}")
+    (out / "A" / "compare" / "runs" / "s0").mkdir(parents=True)
+    (out / "A" / "compare" / "runs" / "s0" / "summary.json").write_text("{}")
+    c = rung_cost(ladder, rung, out)
+    assert (c["runs"], c["done"]) == (2 * (5 * 2 + 2), 2 * 5 * 2 + 1)
+
+
 def test_ladder_errors_name_the_key(tmp_path):
     bad = tmp_path / "bad.toml"
     bad.write_text('[rungs.A]\npreset = "tiny"\nlrs = [1e-3, 2e-3, 4e-3]\nsteps = 3\n')

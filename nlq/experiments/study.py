@@ -200,19 +200,26 @@ def check_rung(out: Path, record: dict) -> None:
 
 
 def rung_cost(ladder: Ladder, rung: Rung, out: Path) -> dict:
-    """Runs, tokens and FLOPs of a rung (before any widening of its grid), and how many of its
-    runs have finished."""
+    """Runs, tokens and FLOPs of a rung, and how many of its runs have finished. The sweep's
+    grid is the one its plan holds once the sweep has started (a grid grown at an edge has
+    more lrs than the ladder names); each phase counts its own finished runs."""
     exp = load_experiment(ladder.experiment)
     cfgs = experiment_arms(exp, rung.preset, rung.sets)
     arms = [a for a in cfgs if not ladder.arms or a in ladder.arms]
-    runs = len(arms) * (len(rung.lrs) * rung.sweep_seeds + rung.seeds)
+    plan = out / rung.name / "sweep" / "sweep-plan.json"
+    grid = json.loads(plan.read_text())["grid"] if plan.is_file() else rung.lrs
+    phases = {"sweep": len(arms) * len(grid) * rung.sweep_seeds,
+              "compare": len(arms) * rung.seeds}
+    runs = sum(phases.values())
     c = cfgs[arms[0]]
     t = c.train
     tokens = t.max_steps * t.micro_batch * t.grad_accum * c.model.block_size
     flops = sum(flops_per_token(cfgs[a].model) for a in arms) / len(arms) * tokens * runs
-    done = sum(1 for _ in (out / rung.name).rglob(runfiles.SUMMARY)) if out.is_dir() else 0
-    return {"runs": runs, "done": min(done, runs), "tokens_per_run": tokens, "flops": flops,
-            "cfg": c}
+    done = 0
+    for phase, n in phases.items():
+        d = out / rung.name / phase
+        done += min(n, sum(1 for _ in d.rglob(runfiles.SUMMARY))) if d.is_dir() else 0
+    return {"runs": runs, "done": done, "tokens_per_run": tokens, "flops": flops, "cfg": c}
 
 
 def measure_tok_s(cfg, threads: int, steps: int = 4) -> float:
