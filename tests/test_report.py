@@ -233,6 +233,13 @@ def test_no_gain_over_the_baseline_has_none_to_survive(tmp_path):
     [s] = build_report([exp], tmp_path / "bare")["strong_baseline"]
     assert s["survives"] == ("described (nonlinear vs linear and nonlinear vs qk: not a "
                              "pre-registered comparison)")
+    # both pairs pre-registered, but a failed positive control (qk does not beat linear)
+    # allows no verdict: described, and not mislabelled as outside the family
+    failed = Claims(comparisons=family.comparisons, positive_control=("qk", "linear"))
+    rep = build_report([exp], tmp_path / "failed", claims=failed)
+    [s] = rep["strong_baseline"]
+    assert not rep["verdicts_allowed"]
+    assert s["survives"] == "described (pre-registered, but no verdict: see the positive control)"
 
 
 GOLDEN_MD = Path(__file__).parent / "golden" / "report_synthetic.md"

@@ -246,3 +246,30 @@ def test_a_study_killed_mid_phase_has_exported_every_finished_run(tmp_path):
                    for f in (tmp_path / "whole").rglob("*") if f.is_file())
     assert names == sorted(str(f.relative_to(exp)) for f in exp.rglob("*") if f.is_file())
     assert len(list(exp.rglob("summary.json"))) == len(list(out.rglob("summary.json")))
+
+
+def test_study_md_gives_each_preregistered_pair_with_or_without_a_verdict(tmp_path):
+    """From a rung's report.json (the committed S0 one: its positive control failed), the
+    study report lists every pre-registered pair with its numbers, marked as no verdict; the
+    same report with verdicts allowed lists the verdicts instead."""
+    import shutil
+    from pathlib import Path
+
+    from nlq.experiments.study_report import build_study_report
+
+    src = Path(__file__).parents[1] / "results" / "study" / "S0" / "compare" / "report.json"
+    rep = json.loads(src.read_text())
+    (tmp_path / "S0" / "compare").mkdir(parents=True)
+    shutil.copy(src, tmp_path / "S0" / "compare" / "report.json")
+    build_study_report(load_ladder(), tmp_path)
+    md = (tmp_path / "study.md").read_text()
+    assert not rep["verdicts_allowed"] and "**failed: cannot test the claim**" in md
+    for c in rep["preregistered"]:
+        lo, hi = c["ci95"]
+        assert (f"  - {c['arm']} vs {c['against']} (pre-registered; described, no verdict): "
+                f"{c['mean_pct']:+.2f}% [{lo:+.2f}, {hi:+.2f}], {c['n_seeds']} seeds") in md
+    rep.update(verdicts_allowed=True, preregistered_verdicts=["a verdict", "another"])
+    (tmp_path / "S0" / "compare" / "report.json").write_text(json.dumps(rep))
+    md = build_study_report(load_ladder(), tmp_path) and (tmp_path / "study.md").read_text()
+    assert "  - a verdict\n  - another\n" in md and "no verdict" not in md
+    assert "| S0 |" in md and "| passed |" in md

@@ -51,6 +51,9 @@ def rung_rows(ladder, out: Path) -> list[dict]:
                                                     "half_width_95_pct", "n_seeds")},
             "first_line": rep.get("first_line"),
             "verdicts": rep.get("preregistered_verdicts") or [],
+            "preregistered": [{k: c.get(k) for k in ("arm", "against", "n_seeds", "mean_pct",
+                                                     "ci95", "p_holm")}
+                              for c in rep.get("preregistered") or []],
             "strong_baseline": rep.get("strong_baseline"),
             "lrs": (rep.get("lrs") or {}).get("lrs"),
             "cost": _cost(out / name),
@@ -130,9 +133,18 @@ def render(rows: list[dict], ladder, m: dict) -> str:
         L.append(f"- **{r['rung']}**: {r['first_line']}")
         if r["control_passed"]:
             L += [f"  - {v}" for v in r["verdicts"]]
+        else:  # the pre-registered pairs still have numbers: given, judged by none
+            L += [f"  - {c['arm']} vs {c['against']} (pre-registered; described, no verdict): "
+                  f"{_fmt(c['mean_pct'])}% [{_fmt((c['ci95'] or [None, None])[0])}, "
+                  f"{_fmt((c['ci95'] or [None, None])[1])}], {c['n_seeds']} seeds, Holm p "
+                  f"{_fmt(c['p_holm'], '.3g')}" for c in r.get("preregistered") or []]
+        given = {(c["arm"], c["against"]) for c in r.get("preregistered") or []}
         for s in r.get("strong_baseline") or []:
-            if isinstance(s, dict) and s.get("answer"):
-                L.append(f"  - {s['answer']}")
+            if not (isinstance(s, dict) and s.get("answer")):
+                continue
+            if not r["control_passed"] and (s["nonlinear"], s["strong_baseline"]) in given:
+                continue  # no verdict to combine: the pair's numbers are in the line above
+            L.append(f"  - {s['answer']}")
     not_run = [r["rung"] for r in rows if r["status"] != "done"]
     if not_run:
         L += ["", (f"Not finished: {', '.join(not_run)} (`nlq study --rungs "

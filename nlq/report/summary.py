@@ -182,7 +182,10 @@ def summarize(runs: list[Run], baseline: str = "linear", title: str = "nlq repor
                        "spikes": r.summary.get("spikes", [])}
                       for r in done if r.summary.get("n_spikes")],
         "ordering": order,
-        "strong_baseline": strong_baseline(rows, by_arm, baseline, outcomes),
+        "strong_baseline": strong_baseline(
+            rows, by_arm, baseline, outcomes,
+            {(c["arm"], c["against"]) for c in comps}
+            | ({tuple(claims.positive_control)} if control is not None else set())),
         "numerical_noise": noise,
         "convergence": conv,
         "attention_logits": logit_ranges({a: by_arm[a] for a in rows}),

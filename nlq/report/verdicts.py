@@ -110,11 +110,13 @@ def ordering(rows: dict[str, dict], by_arm: dict[str, list[Run]], claims: Claims
 
 
 def strong_baseline(rows: dict[str, dict], by_arm: dict[str, list[Run]], baseline: str,
-                    outcomes: dict[tuple[str, str], str]) -> list[dict]:
+                    outcomes: dict[tuple[str, str], str],
+                    family: set[tuple[str, str]]) -> list[dict]:
     """For each QK-norm linear arm: does each nonlinear arm's gain survive against it? A
     verdict only where both (nonlinear, baseline) and (nonlinear, QK-norm arm) are in the
-    Holm family (outcomes), and only a gain shown over the baseline ("beats") can survive;
-    otherwise the pair is described."""
+    Holm family (family: its pairs; outcomes: their outcomes, empty when no verdict is
+    allowed), and only a gain shown over the baseline ("beats") can survive; otherwise the
+    pair is described, saying why."""
     strong = [a for a, r in rows.items() if r["qk_norm"] and r["query"] == "linear"]
     nonlin = [a for a, r in rows.items() if r["query"] == "nonlinear"]
     out = []
@@ -122,10 +124,12 @@ def strong_baseline(rows: dict[str, dict], by_arm: dict[str, list[Run]], baselin
         for n in nonlin:
             pair = paired(final(by_arm[n]), final(by_arm[s]))
             gain, vs = outcomes.get((n, baseline)), outcomes.get((n, s))
-            if gain is None or vs is None:
-                missing = " and ".join(f"{a} vs {b}" for a, b in ((n, baseline), (n, s))
-                                       if (a, b) not in outcomes)
+            missing = " and ".join(f"{a} vs {b}" for a, b in ((n, baseline), (n, s))
+                                   if (a, b) not in family)
+            if missing:
                 head = f"described ({missing}: not a pre-registered comparison)"
+            elif gain is None or vs is None:
+                head = "described (pre-registered, but no verdict: see the positive control)"
             elif gain != "beats":
                 head = f"no gain over {baseline} is shown here, so none to survive; described"
             else:
