@@ -106,3 +106,29 @@ def test_writer_refuses_a_dirty_tree_unless_allowed(repo):
     assert not any(out.iterdir())
     path = record.Recorder("demo", args(out, allow_dirty=True), root=repo).write({})
     assert json.loads(path.read_text())["dirty"] is True
+
+
+def test_readme_study_table_is_the_committed_rungs_reports():
+    """Every rung row of the README's study table carries the numbers of that rung's committed
+    report.json (control and the three pre-registered questions, to the printed digits), and
+    every finished rung of results/study has a row: the README cannot drift from the runs."""
+    study = ROOT / "results" / "study"
+    rows = {m[1]: m[0] for m in re.findall(r"^(\| (S\d[\w-]*|R\d) \(.*)$", (ROOT / "README.md")
+                                            .read_text(), flags=re.M)}
+    finished = {p.parents[1].name for p in study.glob("*/compare/report.json")}
+    assert set(rows) == finished, f"README rows {sorted(rows)} vs finished {sorted(finished)}"
+    for rung, row in rows.items():
+        rep = json.loads((study / rung / "compare" / "report.json").read_text())
+        pairs = {(c["arm"], c["against"]): c for c in rep["preregistered"]}
+        ctl = rep["positive_control"]
+        pairs[(ctl["arm"], ctl["against"])] = ctl
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        want = [("linear+12.5%", "linear"), ("nonlinear", "linear"),
+                ("nonlinear", "linear-qnorm"), ("nonlinear-qknorm", "linear-qknorm")]
+        for cell, key in zip(cells[1:5], want, strict=True):
+            c = pairs[key]
+            lo, hi = c["ci95"]
+            assert cell.startswith(f"{c['mean_pct']:+.2f}% [{lo:+.2f}, {hi:+.2f}]"), (rung, key)
+            if "p_holm" in c:
+                assert f"Holm p {c['p_holm']:.2g}" in cell, (rung, key)
+        assert ("**fails**" in cells[1]) == (not rep["verdicts_allowed"]), rung
