@@ -114,7 +114,7 @@ def test_readme_study_table_is_the_committed_rungs_reports():
     every finished rung of results/study has a row: the README cannot drift from the runs."""
     study = ROOT / "results" / "study"
     rows = {m[1]: m[0] for m in re.findall(r"^(\| (S\d[\w-]*|R\d) \(.*)$", (ROOT / "README.md")
-                                            .read_text(), flags=re.M)}
+                                            .read_text(), flags=re.MULTILINE)}
     finished = {p.parents[1].name for p in study.glob("*/compare/report.json")}
     assert set(rows) == finished, f"README rows {sorted(rows)} vs finished {sorted(finished)}"
     for rung, row in rows.items():

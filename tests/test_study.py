@@ -130,6 +130,32 @@ def test_changed_rung_on_resume_is_refused_before_any_training(tmp_path):
     assert not (out / "A").exists()  # refused before rung A trained anything
 
 
+def test_seeds_may_be_redeclared_only_before_any_evaluation_run_finished(tmp_path):
+    """A rung's evaluation size (seeds) may change while no evaluation run has finished (no
+    result seen: e.g. set by another rung's power analysis); once one has, a change is a new
+    design and is refused, as is seeds changed together with anything else."""
+    from nlq.errors import NlqError
+    from nlq.experiments.study import check_rung, rung_record
+
+    lad = load_ladder(toy_ladder(tmp_path))
+    out = tmp_path / "study" / "A"
+    rec = rung_record(lad, lad.rungs["A"])
+    check_rung(out, rec)
+    (out / "sweep" / "runs" / "r").mkdir(parents=True)  # a finished sweep run changes nothing
+    (out / "sweep" / "runs" / "r" / "summary.json").write_text("{}")
+    more = {**rec, "seeds": 16}
+    check_rung(out, more)
+    assert json.loads((out / "rung.json").read_text())["seeds"] == 16
+    with pytest.raises(NlqError, match="was started with lrs"):
+        check_rung(out, {**more, "seeds": 20, "lrs": [1.0, 2.0, 4.0]})
+    (out / "compare" / "runs" / "s0").mkdir(parents=True)
+    (out / "compare" / "runs" / "s0" / "summary.json").write_text("{}")
+    with pytest.raises(NlqError, match="seeds are fixed once an evaluation run has finished"):
+        check_rung(out, {**more, "seeds": 20})
+    check_rung(out, more)  # unchanged: resumes
+    assert json.loads((out / "rung.json").read_text())["seeds"] == 16
+
+
 @pytest.mark.slow
 def test_killed_study_resumes_to_the_same_report(tmp_path):
     ladder = toy_ladder(tmp_path)
@@ -271,5 +297,5 @@ def test_study_md_gives_each_preregistered_pair_with_or_without_a_verdict(tmp_pa
     rep.update(verdicts_allowed=True, preregistered_verdicts=["a verdict", "another"])
     (tmp_path / "S0" / "compare" / "report.json").write_text(json.dumps(rep))
     md = build_study_report(load_ladder(), tmp_path) and (tmp_path / "study.md").read_text()
-    assert "  - a verdict\n  - another\n" in md and "no verdict" not in md
+    assert "  - a verdict\n  - another\n" in md and "described, no verdict" not in md
     assert "| S0 |" in md and "| passed |" in md

@@ -184,8 +184,23 @@ def check_rung(out: Path, record: dict) -> None:
             raise NlqError(f"{path} is not a rung record (a JSON object): restore it, or use "
                            f"another --out")
         diff = [k for k in sorted(set(before) | set(record)) if before.get(k) != record.get(k)]
+        evaluated = (out / "compare").is_dir() and any((out / "compare").rglob(runfiles.SUMMARY))
+        if diff == ["seeds"] and not evaluated:
+            # the evaluation's size may be re-declared until its first run has finished: no
+            # result has been seen, so a power analysis (another rung's variance) can set it
+            print(f"study: rung {record['name']!r}: seeds {before.get('seeds')} -> "
+                  f"{record['seeds']} (no evaluation run has finished: re-declared)",
+                  file=sys.stderr)
+            write_atomic(path, json.dumps(record, indent=2))
+            return
         if diff:
             k = diff[0]
+            if k == "seeds" and len(diff) == 1:
+                raise NlqError(f"{out}: rung {record['name']!r} was evaluated with seeds = "
+                               f"{before.get(k)!r}, this study now has {record.get(k)!r}: "
+                               f"seeds are fixed once an evaluation run has finished (more "
+                               f"seeds after a result is seen is a new design: give the rung "
+                               f"another name), or use another --out")
             raise NlqError(f"{out}: rung {record['name']!r} was started with {k} = "
                            f"{before.get(k)!r}, this study now has {record.get(k)!r}: a "
                            f"changed rung is a new rung (give it another name), or use "
