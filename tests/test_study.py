@@ -137,13 +137,21 @@ def test_seeds_may_be_redeclared_only_before_any_evaluation_run_finished(tmp_pat
     from nlq.errors import NlqError
     from nlq.experiments.study import check_rung, rung_record
 
-    lad = load_ladder(toy_ladder(tmp_path))
+    ladder = toy_ladder(tmp_path)
+    lad = load_ladder(ladder)
     out = tmp_path / "study" / "A"
     rec = rung_record(lad, lad.rungs["A"])
     check_rung(out, rec)
+    more_seeds = tmp_path / "more.toml"  # rung A with 3 seeds: `nlq study --dry-run` writes nothing
+    more_seeds.write_text(ladder.read_text().replace("\nseeds = 2\n", "\nseeds = 3\n", 1))
+    p = nlq("study", "--ladder", more_seeds, "--rungs", "A", "--out", out.parent, "--dry-run")
+    assert p.returncode == 0 and "seeds 2 -> 3" in p.stderr and "would be" in p.stderr
+    assert json.loads((out / "rung.json").read_text())["seeds"] == 2
     (out / "sweep" / "runs" / "r").mkdir(parents=True)  # a finished sweep run changes nothing
     (out / "sweep" / "runs" / "r" / "summary.json").write_text("{}")
     more = {**rec, "seeds": 16}
+    check_rung(out, more, write=False)  # --dry-run: checked, nothing written
+    assert json.loads((out / "rung.json").read_text())["seeds"] == rec["seeds"]
     check_rung(out, more)
     assert json.loads((out / "rung.json").read_text())["seeds"] == 16
     with pytest.raises(NlqError, match="was started with lrs"):

@@ -171,7 +171,9 @@ def rung_record(ladder: Ladder, rung: Rung) -> dict:
     return rec
 
 
-def check_rung(out: Path, record: dict) -> None:
+def check_rung(out: Path, record: dict, write: bool = True) -> None:
+    """Refuse a rung whose record differs from the one it was started with (its seeds may
+    change until an evaluation run has finished); write: record it (False: --dry-run)."""
     path = out / RUNG_FILE
     if path.is_file():
         try:
@@ -189,9 +191,10 @@ def check_rung(out: Path, record: dict) -> None:
             # the evaluation's size may be re-declared until its first run has finished: no
             # result has been seen, so a power analysis (another rung's variance) can set it
             print(f"study: rung {record['name']!r}: seeds {before.get('seeds')} -> "
-                  f"{record['seeds']} (no evaluation run has finished: re-declared)",
-                  file=sys.stderr)
-            write_atomic(path, json.dumps(record, indent=2))
+                  f"{record['seeds']} (no evaluation run has finished: "
+                  f"{'re-declared' if write else 'would be re-declared'})", file=sys.stderr)
+            if write:
+                write_atomic(path, json.dumps(record, indent=2))
             return
         if diff:
             k = diff[0]
@@ -367,7 +370,7 @@ def study(ladder_path: str | Path | None, names: list[str] | None, out: Path, jo
     for n in names:  # no rung changed, before any training (load_ladder resolved each config)
         r = ladder.rungs[n]
         if (out / n / RUNG_FILE).is_file():
-            check_rung(out / n, rung_record(ladder, r))
+            check_rung(out / n, rung_record(ladder, r), write=not dry_run)
     gpu = [n for n in names if ladder.rungs[n].device == "cuda"]
     if gpu and not dry_run and not force and not torch.cuda.is_available():
         # before any run: --jobs auto would size a GPU's share, and hours of CPU would go to
