@@ -307,3 +307,38 @@ def test_study_md_gives_each_preregistered_pair_with_or_without_a_verdict(tmp_pa
     md = build_study_report(load_ladder(), tmp_path) and (tmp_path / "study.md").read_text()
     assert "  - a verdict\n  - another\n" in md and "described, no verdict" not in md
     assert "| S0 |" in md and "| passed |" in md
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("limit_s", [20, 900])
+def test_gpu_study_script_packs_every_finished_run_when_stopped_or_done(tmp_path, limit_s):
+    """scripts/gpu_study.sh (a GPU loan's share of the study) on a toy CPU ladder: stopped by
+    its time limit mid-study, or left to finish, it exits 0 and its study.tgz holds exactly the
+    runs the working study finished; a second loan continues the same working study."""
+    import subprocess
+    import tarfile
+
+    from helpers import PY, ROOT, env
+
+    ladder, study_dir, loan = toy_ladder(tmp_path), tmp_path / "study", tmp_path / "loan"
+    e = env(OUT=loan, NLQ_GPU_S=limit_s, NLQ_JOBS=2, NLQ_STUDY=study_dir, PYTHON=PY,
+            NLQ_FROM=tmp_path / "no-committed-study", NLQ_STUDY_ARGS=f"--ladder {ladder}")
+    p = subprocess.run(["bash", "scripts/gpu_study.sh", "A"], cwd=ROOT, env=e,
+                       capture_output=True, text=True, timeout=1500, check=False)
+    assert p.returncode == 0, p.stdout + p.stderr
+    stopped = "rc 124" in p.stdout
+    assert stopped == (limit_s == 20), p.stdout
+    log = (loan / "study.log").read_text()
+    assert ("stopped by signal 15" in log) == stopped
+    with tarfile.open(loan / "study.tgz") as tar:
+        packed = {n.removeprefix("study/") for n in tar.getnames() if n.endswith("summary.json")}
+        assert not [n for n in tar.getnames() if "checkpoint" in n]
+    finished = {str(s.relative_to(study_dir)) for s in study_dir.rglob("summary.json")}
+    assert packed == finished and finished
+    assert not (loan / "study").exists()  # packed, not left beside the archive
+    if stopped:  # the next loan continues the same study to its end
+        e["NLQ_GPU_S"] = "900"
+        p = subprocess.run(["bash", "scripts/gpu_study.sh", "A"], cwd=ROOT, env=e,
+                           capture_output=True, text=True, timeout=1500, check=False)
+        assert p.returncode == 0 and "rc 0" in p.stdout, p.stdout + p.stderr
+        assert (study_dir / "A" / "compare" / "report.json").is_file()
