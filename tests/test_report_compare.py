@@ -13,10 +13,10 @@ import pytest
 from test_report import declare_paper, make_run
 
 from nlq.report.bootstrap import paired_bootstrap
-from nlq.report.compare import holm
+from nlq.report.compare import control_line, holm
 from nlq.report.references import Bigram
 from nlq.report.report import build_report, summary_lines
-from nlq.report.stats import mean_ci
+from nlq.report.stats import detectable, mean_ci, seeds_for_power
 
 
 def add_test(d, doc_nats: list[float], doc_tokens: list[int], spikes=()):
@@ -82,6 +82,14 @@ def test_control_failing_gives_no_verdict_anywhere(tmp_path):
     assert rep["first_line"].startswith("This setting cannot test the claim: more parameters "
                                         "(linear+12.5%) do not reliably beat linear here")
     assert md.splitlines()[2] == f"**{rep['first_line']}**"  # right under the title
+    # a planning figure: what these seeds detect, from the control's own numbers
+    c = rep["positive_control"]
+    assert c["detectable_80_pct"] == pytest.approx(detectable(c["sd_pct"], c["n_seeds"]))
+    if c["mean_pct"] < 0:
+        assert (f"{c['n_seeds']} seeds detect a difference of {c['detectable_80_pct']:.2f}% "
+                f"with 80% power") in rep["first_line"]
+    else:  # more parameters did worse: no effect size to plan for
+        assert "80% power" not in rep["first_line"]
     text = md + "\n".join(summary_lines(rep))
     for claim in ("beats", "is worse than", "no detectable difference", "holds here",
                   "## Verdicts"):
@@ -154,3 +162,17 @@ def test_ordering_is_judged_by_intervals_not_by_means(tmp_path, gain_wide, gain_
     assert o["status"] == status and phrase in o["answer"], o["answer"]
     if status == "unresolved":
         assert "does not hold" not in o["answer"] and "holds here" not in o["answer"]
+
+
+def test_a_failed_control_line_gives_its_planning_figures_only_on_the_expected_side():
+    """S0's control numbers: 8 seeds detect 1.30% (80% power); its mean size needs ~15. A
+    control whose wider arm did worse gets no effect size to plan for."""
+    c = {"arm": "wide", "against": "base", "n_seeds": 8, "mean_pct": -0.893, "sd_pct": 1.125,
+         "ci95": [-1.833, 0.048], "detectable_80_pct": detectable(1.125, 8)}
+    line = control_line(c)
+    assert line.startswith("This setting cannot test the claim")
+    assert ("With its paired sd (1.12%), 8 seeds detect a difference of 1.30% with 80% power; "
+            "an effect of its mean size (0.89%) needs ~15 seeds") in line
+    assert seeds_for_power(-0.893, 1.125) == 15
+    worse = control_line(c | {"mean_pct": 0.4, "ci95": [-0.5, 1.3]})
+    assert "power" not in worse and worse.endswith("8 seeds).")

@@ -5,10 +5,13 @@ import math
 import pytest
 
 from nlq.report.stats import (
+    detectable,
     mean_ci,
     paired,
+    paired_power,
     ppl_change_pct,
     rel_change_pct,
+    seeds_for_power,
     t_quantile,
 )
 
@@ -83,3 +86,25 @@ def test_relative_changes():
     assert rel_change_pct(2.919, 2.956) == pytest.approx(-1.2517, abs=1e-4)
     assert ppl_change_pct(2.0, 2.0) == 0.0
     assert ppl_change_pct(3.0, 2.0) == pytest.approx(100 * (math.e - 1))
+
+
+def test_paired_power_matches_a_simulated_t_test():
+    """The noncentral-t power equals the share of simulated paired t-tests that reject, and
+    seeds_for_power / detectable invert it (80% reached there, not one seed or 1% sooner)."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    for effect, sd, n in ((1.0, 1.0, 10), (0.5, 1.2, 8), (0.9, 1.13, 15)):
+        x = rng.normal(effect, sd, size=(100_000, n))
+        t = x.mean(1) / (x.std(1, ddof=1) / math.sqrt(n))
+        sim = float((np.abs(t) > t_quantile(0.975, n - 1)).mean())
+        assert paired_power(effect, sd, n) == pytest.approx(sim, abs=0.006)
+    assert seeds_for_power(1.0, 1.0) == 10  # (t_.975 + t_.8) sd / sqrt(n) <= 1 from n = 10
+    for effect, sd in ((1.0, 1.0), (-0.893, 1.125), (0.2, 1.5)):
+        n = seeds_for_power(effect, sd)
+        assert paired_power(effect, sd, n) >= 0.8 > paired_power(effect, sd, n - 1)
+        mde = detectable(sd, n)
+        assert paired_power(mde, sd, n) == pytest.approx(0.8, abs=1e-6) and mde <= abs(effect)
+    assert seeds_for_power(0.0, 1.0) is None and seeds_for_power(1.0, 0.0) is None
+    assert detectable(1.0, 1) is None and detectable(0.0, 5) is None
+    assert paired_power(40.0, 1.0, 10) == 1.0  # a far tail that underflows counts as 0

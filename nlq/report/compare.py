@@ -27,7 +27,7 @@ from nlq import runfiles
 from nlq.extras import need
 from nlq.report.bootstrap import paired_bootstrap
 from nlq.report.runs import Run, final
-from nlq.report.stats import LEVEL, mean_ci, paired
+from nlq.report.stats import LEVEL, POWER, detectable, mean_ci, paired, seeds_for_power
 
 
 def test_units(runs: list[Run]) -> tuple[list[np.ndarray] | None, str]:
@@ -71,6 +71,9 @@ def compare(arm: str, against: str, by_arm: dict[str, list[Run]], test: bool,
     student_t = need("scipy.stats", "a paired t-test").t
     out |= {"mean_pct": e.mean, "ci95": [e.lo, e.hi], "half_width_95_pct": (e.hi - e.lo) / 2,
             "sd_pct": sd, "p": float(2 * student_t.sf(abs(tstat), pair.n - 1)),
+            # planning, not judging: the smallest true difference these seeds find with 80%
+            # power at the 95% level (Holm's stricter level would need more)
+            "detectable_80_pct": detectable(sd, pair.n),
             "per_seed_pct": pair.log_loss_pct, "seeds": pair.seeds}
     if test:
         runs = [_by_seed(by_arm[x])[s] for x in (arm, against) for s in pair.seeds]
@@ -172,4 +175,18 @@ def control_line(c: dict) -> str:
         return (f"Positive control passed: {a} beats {b} ({nums}), so this setting can test a "
                 f"claim about capacity.")
     return (f"This setting cannot test the claim: more parameters ({a}) do not reliably beat "
-            f"{b} here ({nums}).")
+            f"{b} here ({nums}).{_power_note(c)}")
+
+
+def _power_note(c: dict) -> str:
+    """For a control that failed with its mean on the expected side: what its seeds could
+    detect, and how many seeds a true effect of its mean size would need (80% power). A
+    figure for planning a new design: adding seeds to this one after seeing it would bias it."""
+    mde, mean, sd = c.get("detectable_80_pct"), c.get("mean_pct"), c.get("sd_pct")
+    if mde is None or mean is None or not mean < 0 or not sd:
+        return ""
+    need_n = seeds_for_power(mean, sd)
+    more = (f"; an effect of its mean size ({abs(mean):.2f}%) needs ~{need_n} seeds"
+            if need_n else "")
+    return (f" With its paired sd ({sd:.2f}%), {c['n_seeds']} seeds detect a difference of "
+            f"{mde:.2f}% with {POWER:.0%} power{more} (for planning a new design).")

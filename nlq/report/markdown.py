@@ -131,18 +131,21 @@ def _preregistered(rep: dict) -> list[str]:
     c = rep.get("positive_control")
     rows = ([("positive control", c)] if c else []) + [("pre-registered", x) for x in comps]
     L += [("| comparison | role | seeds | Δ log-loss % | paired 95% CI | half-width | sd of "
-          "paired Δ | bootstrap 95% (seeds x test units) | Holm p | Holm-adjusted CI |"),
-          "|---|---|---|---|---|---|---|---|---|---|"]
+          "paired Δ | detectable (80% power) | bootstrap 95% (seeds x test units) | Holm p | "
+          "Holm-adjusted CI |"),
+          "|---|---|---|---|---|---|---|---|---|---|---|"]
     for role, x in rows:
         name = f"{x['arm']} vs {x['against']}"
         if "ci95" not in x:
             L.append(f"| {name} | {role} | {x['n_seeds']} | – | {x.get('problem', '–')} "
-                     f"| – | – | – | – | – |")
+                     f"| – | – | – | – | – | – |")
             continue
         b = x.get("bootstrap")
         L.append(f"| {name} | {role} | {x['n_seeds']} | {x['mean_pct']:+.3f} | "
                  f"[{x['ci95'][0]:+.3f}, {x['ci95'][1]:+.3f}] | {x['half_width_95_pct']:.3f} | "
                  f"{x['sd_pct']:.3f} | "
+                 + (f"{x['detectable_80_pct']:.3f}" if x.get("detectable_80_pct") is not None
+                    else "–") + " | "
                  + (f"[{b['lo']:+.3f}, {b['hi']:+.3f}]" if b else "–") + " | "
                  + (f"{x['p_holm']:.3g}" if "p_holm" in x else "–") + " | "
                  + (f"[{x['ci_holm'][0]:+.3f}, {x['ci_holm'][1]:+.3f}]" if "ci_holm" in x
@@ -154,7 +157,9 @@ def _preregistered(rep: dict) -> list[str]:
             f"both arms): {units}. " if units else
             "No bootstrap: the runs recorded no per-unit test losses. ")
     L += ["", ("Δ = 100·(arm − against)/against per seed (negative = arm lower). "
-          "Half-width: of the paired 95% t-interval. " + boot +
+          "Half-width: of the paired 95% t-interval. Detectable: the smallest true "
+          "difference these seeds would find with 80% power at the 95% level, from the sd of "
+          "paired Δ (a planning figure; Holm's stricter levels need more). " + boot +
           "Holm corrects the pre-registered comparisons for their number: they are the "
           "family of every verdict this report gives."), ""]
     return L

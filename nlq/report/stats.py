@@ -29,6 +29,46 @@ def t_quantile(p: float, df: float) -> float:
 
 
 # ---------------------------------------------------------------------------------------
+# power of a paired comparison (for planning a design, never for judging one)
+
+POWER = 0.8
+
+
+def paired_power(effect: float, sd: float, n: int, level: float = LEVEL) -> float:
+    """The probability that the two-sided paired t-test at 1 - level finds a difference with
+    n seeds when the true mean difference is effect and the per-seed sd of the differences is
+    sd: the noncentral t with n - 1 degrees of freedom (scipy)."""
+    st = need("scipy.stats", "a power figure")
+    df, nc = n - 1, abs(effect) / sd * math.sqrt(n)
+    crit = st.t.ppf(1 - (1 - level) / 2, df)
+    wrong_side = float(st.nct.cdf(-crit, df, nc))  # NaN where it underflows (large nc): ~0
+    return float(st.nct.sf(crit, df, nc)) + (0.0 if math.isnan(wrong_side) else wrong_side)
+
+
+def seeds_for_power(effect: float, sd: float, power: float = POWER, level: float = LEVEL,
+                    most: int = 10_000) -> int | None:
+    """The fewest seeds (>= 2) at which paired_power reaches power; None when effect is 0,
+    sd is not positive, or more than `most` seeds would be needed."""
+    if not sd > 0 or effect == 0 or paired_power(effect, sd, most, level) < power:
+        return None
+    lo, hi = 2, most  # power rises with n: bisect for the first n that reaches it
+    while lo < hi:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if paired_power(effect, sd, mid, level) >= power else (mid + 1, hi)
+    return lo
+
+
+def detectable(sd: float, n: int, power: float = POWER, level: float = LEVEL) -> float | None:
+    """The smallest true mean difference that n seeds find with the given power (the
+    minimum detectable effect, in sd's unit); None for n < 2 or sd not positive."""
+    if n < 2 or not sd > 0:
+        return None
+    brentq = need("scipy.optimize", "a power figure").brentq
+    return float(brentq(lambda e: paired_power(e, sd, n, level) - power, 1e-9 * sd, 1e3 * sd,
+                        xtol=1e-9 * sd))
+
+
+# ---------------------------------------------------------------------------------------
 # estimates over seeds
 
 
