@@ -43,6 +43,8 @@ def test_sweep_chooses_on_val_and_reproduce_uses_it(tmp_path):
     out = tmp_path / "sw"
     p, sets = sweep(tmp_path, out)
     ok(p)
+    said = p.stdout + p.stderr
+    assert "sweep: linear " in said and "reproduce:" not in said  # its own name
     result = json.loads((out / "sweep.json").read_text())
     assert result["grid"] == [2e-3, 4e-3, 8e-3] and result["seeds"] == 2
     assert result["seed_indices"] == [SEED_OFFSET, SEED_OFFSET + 1]

@@ -120,7 +120,8 @@ def auto_gpu_jobs(specs: list[RunSpec], n_gpus: int, cores: int, total_bytes: in
     return max(1, min(by_memory, by_cores, len(specs)))
 
 
-def resolve_jobs(jobs: int | None, specs: list[RunSpec], launcher: LauncherSpec) -> int:
+def resolve_jobs(jobs: int | None, specs: list[RunSpec], launcher: LauncherSpec,
+                 command: str = "reproduce") -> int:
     """jobs, or for auto (None, on a GPU) auto_gpu_jobs over this machine's GPUs."""
     if jobs is not None:
         return jobs
@@ -131,17 +132,17 @@ def resolve_jobs(jobs: int | None, specs: list[RunSpec], launcher: LauncherSpec)
 
     n = len(visible_gpus()) if launcher == "gpus" else 1
     jobs = auto_gpu_jobs(specs, n, cores(), int(torch.cuda.mem_get_info()[1]))
-    print(f"reproduce: --jobs auto: {jobs} run(s) at a time per GPU", file=sys.stderr)
+    print(f"{command}: --jobs auto: {jobs} run(s) at a time per GPU", file=sys.stderr)
     return jobs
 
 
-def run_states(specs: list[RunSpec]) -> dict[Path, str]:
+def run_states(specs: list[RunSpec], command: str = "reproduce") -> dict[Path, str]:
     """Each planned run's state (_run_state), every one checked before anything is written:
-    a command that is refused leaves OUT as it was."""
-    return {s.run_dir: _run_state(s) for s in specs}
+    a command that is refused leaves OUT as it was. command: the name messages start with."""
+    return {s.run_dir: _run_state(s, command) for s in specs}
 
 
-def _run_state(spec: RunSpec) -> str:
+def _run_state(spec: RunSpec, command: str = "reproduce") -> str:
     """finished, resume or new. A run dir is reused (finished, or resumed) only when the
     config it holds, resolved as this nlq reads it, equals the one planned for it, key for
     key: one of another config (e.g. another lr or max_steps) is an error, finished or not,
@@ -166,7 +167,7 @@ def _run_state(spec: RunSpec) -> str:
         raise NlqError(f"{d / runfiles.SUMMARY} {why}, and {d} holds no checkpoint to recompute "
                        f"it from: restore the file, or remove {d} to train the run again")
     if why is not None:
-        print(f"reproduce: warning: {d / runfiles.SUMMARY} {why}: the run is resumed from its "
+        print(f"{command}: warning: {d / runfiles.SUMMARY} {why}: the run is resumed from its "
               f"last checkpoint, which writes it again", file=sys.stderr)
     return "resume" if saved else "new"
 
@@ -198,15 +199,16 @@ def _last_step(run_dir: Path) -> int:
 
 def run_all(specs: list[RunSpec], exp, jobs: int, out: Path,
             states: dict[Path, str] | None = None,
-            launcher: LauncherSpec = "local") -> list[str]:
+            launcher: LauncherSpec = "local", command: str = "reproduce") -> list[str]:
     """Train every planned run that is not finished, `jobs` at a time through the launcher
     named (nlq/experiments/launch.py; "local": within jobs x the runs' threads of CPU; slurm:
     its SlurmSettings, from --slurm FILE);
     returns the arms/seeds that failed. Raises Interrupted when a signal stopped the command
-    (after its running children stopped). states: run_states(specs), if checked already."""
+    (after its running children stopped). states: run_states(specs), if checked already;
+    command: the name its messages start with (reproduce or sweep)."""
     from tqdm import tqdm
 
-    states = states or run_states(specs)
+    states = states or run_states(specs, command)
     todo = []
     for s in specs:
         state = states[s.run_dir]
@@ -224,7 +226,7 @@ def run_all(specs: list[RunSpec], exp, jobs: int, out: Path,
             cmd = ["train", "--resume", str(s.run_dir)]
         todo.append((s, cmd))
     if not todo:
-        print(f"reproduce: all {len(specs)} runs finished already", file=sys.stderr)
+        print(f"{command}: all {len(specs)} runs finished already", file=sys.stderr)
         return []
     total = sum(s.cfg.train.max_steps for s, _ in todo)
     done_steps = {s.run_dir: _last_step(s.run_dir) for s, _ in todo}
@@ -243,7 +245,7 @@ def run_all(specs: list[RunSpec], exp, jobs: int, out: Path,
         # reached them already: a second signal changes nothing for `nlq train`), checkpoints
         # at its next step boundary and exits; the loop below waits for them
         if not signals:
-            bar.write(f"reproduce: signal {signum}: stopping the {len(running)} running "
+            bar.write(f"{command}: signal {signum}: stopping the {len(running)} running "
                       f"run(s) at their next step boundary (they checkpoint first)")
         signals.append(signum)
         for job in running:
@@ -274,7 +276,7 @@ def run_all(specs: list[RunSpec], exp, jobs: int, out: Path,
                 if summ is not None and causes.pop(key, None) is not None:
                     write_atomic(out / FAILURES, json.dumps(causes, indent=2))
                 if summ is not None:
-                    bar.write(f"reproduce: {s.arm} {s.run_dir.name}: val loss "
+                    bar.write(f"{command}: {s.arm} {s.run_dir.name}: val loss "
                               f"{summ['val_loss']:.4f} ({summ['tok_per_s']:,.0f} tok/s)")
                 elif signals:  # stopped by the signal, at a checkpoint
                     stopped.append(f"{s.arm}/{s.run_dir.name}")
@@ -285,7 +287,7 @@ def run_all(specs: list[RunSpec], exp, jobs: int, out: Path,
                         twice.append((key, cause))
                     causes[key] = cause
                     write_atomic(out / FAILURES, json.dumps(causes, indent=2))
-                    bar.write(f"reproduce: {s.arm} {s.run_dir.name} failed: {cause}")
+                    bar.write(f"{command}: {s.arm} {s.run_dir.name} failed: {cause}")
     finally:
         for sig, handler in old.items():
             signal.signal(sig, handler)

@@ -216,15 +216,15 @@ def sweep(experiment: str, preset: str, arms: list[str] | None, lrs: list[float]
             raise NlqError(f"{out} holds a sweep with another plan ({', '.join(diff)}: "
                            f"{before.get(diff[0])!r}, now {meta[diff[0]]!r}): use another --out "
                            f"(its runs are kept)")
-    states = run_states(specs)  # a run dir of another config is refused before any write
+    states = run_states(specs, "sweep")  # another config's run dir: refused before any write
     out.mkdir(parents=True, exist_ok=True)
     write_atomic(plan_path, json.dumps(meta, indent=2))
     (out / "configs").mkdir(exist_ok=True)
     for s in specs:
         write_atomic(out / "configs" / s.config_name, s.cfg.to_toml())
     ensure_data(preset, specs[0].cfg)
-    jobs = resolve_jobs(jobs, specs, launcher)  # auto on a GPU: from the runs' memory
-    failed = run_all(specs, load_experiment(experiment), jobs, out, states, launcher)
+    jobs = resolve_jobs(jobs, specs, launcher, "sweep")  # auto on a GPU: from the runs' memory
+    failed = run_all(specs, load_experiment(experiment), jobs, out, states, launcher, "sweep")
     if failed:
         print(f"sweep: {len(failed)} run(s) failed: {', '.join(failed)} (see their train.log; "
               f"run the command again to retry); no lr chosen", file=sys.stderr)
