@@ -370,3 +370,23 @@ def test_runs_of_experiments_with_different_claims_need_a_choice(tmp_path):
         build_report([a, b], tmp_path / "out")
     rep = build_report([a, b], tmp_path / "out", claims=load_experiment("encoder").claims)
     assert rep["ordering"]["arms"] == ["nonlinear", "linear+12.5%", "linear"]
+
+
+def test_a_run_far_above_its_arm_is_flagged_and_kept(tmp_path):
+    """Six linear seeds within 0.01 nats and one 0.4 above: report.json and report.md name that
+    run with its robust z, and the arm's mean still counts it (flagged, never dropped)."""
+    exp = tmp_path / "exp"
+    finals = [4.50, 4.505, 4.495, 4.51, 4.49, 4.90, 4.50]
+    for seed, f in enumerate(finals):
+        make_run(exp, "linear", seed, [9, 6, 5, f])
+        make_run(exp, "nonlinear", seed, [9, 6, 5, f - 0.02], {"model.query": "nonlinear"})
+    rep = build_report([exp], tmp_path / "out")
+    by_arm = {o["arm"]: o for o in rep["outliers"]}
+    assert set(by_arm) == {"linear", "nonlinear"}  # the same slow seed in both arms
+    o = by_arm["linear"]
+    assert (o["seed"], o["loss"], o["median"]) == (5, 4.90, 4.50)
+    assert o["robust_z"] == pytest.approx(0.40 / (1.4826 * 0.005))
+    md = (tmp_path / "out" / "report.md").read_text()
+    assert "- linear seed 5: 4.9000 (arm median 4.5000, robust z 54)" in md
+    base = next(a for a in rep["arms"] if a["arm"] == "linear")
+    assert base["val_loss"]["mean"] == pytest.approx(sum(finals) / len(finals))

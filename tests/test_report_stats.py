@@ -6,6 +6,7 @@ import pytest
 
 from nlq.report.stats import (
     detectable,
+    high_outliers,
     mean_ci,
     paired,
     paired_power,
@@ -108,3 +109,17 @@ def test_paired_power_matches_a_simulated_t_test():
     assert seeds_for_power(0.0, 1.0) is None and seeds_for_power(1.0, 0.0) is None
     assert detectable(1.0, 1) is None and detectable(0.0, 5) is None
     assert paired_power(40.0, 1.0, 10) == 1.0  # a far tail that underflows counts as 0
+
+
+def test_high_outliers_flag_only_runs_far_above_their_arm():
+    """Robust z = (x - median) / (1.4826 MAD): a run 0.3 nats above seeds spread by ~0.01 is
+    flagged, a low run or a merely worst-of-the-rest run is not; too few runs or no spread:
+    nothing (the flagged ones cannot hide themselves by inflating an sd)."""
+    arm = {s: 3.80 + 0.01 * ((s * 7) % 5 - 2) for s in range(8)}  # 3.78 .. 3.82
+    assert high_outliers(arm) == {}
+    far = high_outliers(arm | {8: 4.10, 9: 3.50, 10: 3.83})
+    med = 3.80
+    mad = sorted(abs(v - med) for v in (arm | {8: 4.10, 9: 3.50, 10: 3.83}).values())[5]
+    assert list(far) == [8] and far[8] == pytest.approx((4.10 - med) / (1.4826 * mad))
+    assert high_outliers({0: 1.0, 1: 9.0, 2: 1.0}) == {}  # fewer than 4 runs
+    assert high_outliers({s: 2.0 for s in range(6)} | {6: 3.0}) == {}  # MAD 0

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 
 from nlq.report.markdown_noise import convergence_section, logits_section, noise_section
+from nlq.report.stats import OUTLIER_Z
 from nlq.report.verdicts import fmt_signed
 
 
@@ -166,6 +167,23 @@ def _preregistered(rep: dict) -> list[str]:
 
 
 def _stability(rep: dict) -> list[str]:
+    return _spikes(rep) + _outliers(rep)
+
+
+def _outliers(rep: dict) -> list[str]:
+    far = rep.get("outliers") or []
+    if not far:
+        return []
+    L = [(f"{len(far)} run(s) ended far above their arm's others: final loss more than "
+          f"{OUTLIER_Z:g} robust sds (1.4826 x the median absolute deviation of the arm's "
+          f"final losses) above the arm's median. They are kept in every statistic above; a "
+          f"wide interval next to one of them comes from it."), ""]
+    L += [f"- {o['arm']} seed {o['seed']}: {o['loss']:.4f} (arm median {o['median']:.4f}, "
+          f"robust z {o['robust_z']:.0f})" for o in far]
+    return L + [""]
+
+
+def _spikes(rep: dict) -> list[str]:
     L = ["## Stability", ""]
     flagged = rep.get("stability") or []
     if not flagged:

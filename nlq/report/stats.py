@@ -29,6 +29,28 @@ def t_quantile(p: float, df: float) -> float:
 
 
 # ---------------------------------------------------------------------------------------
+# runs far from their arm
+
+OUTLIER_Z = 5.0
+
+
+def high_outliers(values: Mapping, z: float = OUTLIER_Z) -> dict:
+    """{key: robust z} of the values more than z robust sds above their median, the robust sd
+    being 1.4826 x the median absolute deviation (the sd for normal data, untouched by the
+    outliers themselves). Only high ones: a run whose loss ended far above its arm's others
+    (e.g. one that left the first plateau late). Fewer than 4 values, or a MAD of 0: none."""
+    import statistics
+
+    if len(values) < 4:
+        return {}
+    med = statistics.median(values.values())
+    sd = 1.4826 * statistics.median(abs(v - med) for v in values.values())
+    if not sd > 0:
+        return {}
+    return {k: (v - med) / sd for k, v in values.items() if (v - med) / sd > z}
+
+
+# ---------------------------------------------------------------------------------------
 # power of a paired comparison (for planning a design, never for judging one)
 
 POWER = 0.8

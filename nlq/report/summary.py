@@ -33,7 +33,7 @@ from nlq.report.convergence import convergence, convergence_text
 from nlq.report.noise import numerical_noise, rounding_line, share_sentence
 from nlq.report.references import references
 from nlq.report.runs import Run, final, read_json
-from nlq.report.stats import LEVEL
+from nlq.report.stats import LEVEL, high_outliers
 from nlq.report.verdicts import (
     NUMBER_WORDS,
     ci_text,
@@ -181,6 +181,7 @@ def summarize(runs: list[Run], baseline: str = "linear", title: str = "nlq repor
                        "warmup_steps": r.summary.get("warmup_steps"),
                        "spikes": r.summary.get("spikes", [])}
                       for r in done if r.summary.get("n_spikes")],
+        "outliers": outliers(by_arm),
         "ordering": order,
         "strong_baseline": strong_baseline(
             rows, by_arm, baseline, outcomes,
@@ -228,3 +229,18 @@ def _metric_text(split: str, test: dict) -> str:
     return ("final validation log-loss (mean cross-entropy, nats per token) of each run at its "
             "last step: these runs have no test split, so the reported numbers come from the "
             "split any tuning looked at")
+
+
+def outliers(by_arm: dict[str, list[Run]]) -> list[dict]:
+    """The runs whose final loss lies more than OUTLIER_Z robust sds above their arm's median
+    (stats.high_outliers): flagged for the reader, kept in every statistic."""
+    import statistics
+
+    out = []
+    for arm, runs in by_arm.items():
+        losses = final(runs)
+        med = statistics.median(losses.values()) if losses else None
+        for seed, z in high_outliers(losses).items():
+            out.append({"arm": arm, "seed": seed, "loss": losses[seed], "median": med,
+                        "robust_z": z})
+    return out
