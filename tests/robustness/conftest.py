@@ -32,7 +32,11 @@ from helpers import PY, ROOT, env, nlq_cmd
 
 # Runs in the zygote process: argv[1] is a warm-up config (TOML) and a scratch dir.
 ZYGOTE_SRC = r'''
-import json, os, shutil, sys, traceback
+import json, os, shutil, signal, sys, traceback
+# Ctrl-C as in a terminal, whatever this process inherited: a shell's background job (`cmd &`
+# without job control, e.g. under nohup) starts with SIGINT ignored, which every forked nlq
+# would keep, and a test of Ctrl-C would then see a run that never got it
+signal.signal(signal.SIGINT, signal.default_int_handler)
 import torch
 torch.set_num_threads(1)
 from nlq.cli import main
