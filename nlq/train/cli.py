@@ -1,4 +1,5 @@
-"""`nlq train`: train one config into a run dir, or resume one.
+"""`nlq train`: train one config into a run dir, or resume one; several configs that differ
+only in their seeds train as one stacked model into one run dir each (nlq/train/stack.py).
 
 Process-wide tuning belongs to the command, not to the library: on CPU the command asks
 train() to fix glibc's malloc thresholds (nlq/train/alloc.py) for the rest of the process
@@ -18,12 +19,17 @@ from nlq.errors import NlqError
 
 
 def add_arguments(p) -> None:
-    p.add_argument("config", nargs="?", help="a TOML config file or a preset name (tiny, ...)")
+    p.add_argument("config", nargs="*",
+                   help="a TOML config file or a preset name (tiny, ...); several configs "
+                        "equal but for train.seed and data.seed train as one stacked model, "
+                        "in lockstep, one run dir each (faster for small models on a GPU)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="config override, e.g. --set train.lr=3e-4 (repeatable)")
-    p.add_argument("--out", help="run dir (default: runs/<config name>)")
-    p.add_argument("--resume", metavar="RUN_DIR",
-                   help="continue the run in RUN_DIR exactly where its last checkpoint left it")
+                   help="config override, e.g. --set train.lr=3e-4 (repeatable; every config)")
+    p.add_argument("--out", nargs="+", metavar="DIR",
+                   help="run dir, one per config (default: runs/<config name>)")
+    p.add_argument("--resume", nargs="+", metavar="RUN_DIR",
+                   help="continue the run in RUN_DIR exactly where its last checkpoint left it "
+                        "(several: a stack's runs, together)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
@@ -34,18 +40,32 @@ def run(args) -> int:
         if args.config or args.set or args.out:
             raise NlqError("--resume RUN_DIR takes no config, --set or --out: the run dir's "
                            "config.toml is used as written")
-        run_dir = Path(args.resume)
-        if not (run_dir / runfiles.CONFIG).is_file():
-            raise NlqError(f"{run_dir} is not an nlq run dir (no config.toml): nothing to resume")
-        cfg = None  # train() reads the run's config.toml, once, under the run's lock
+        run_dirs = [Path(d) for d in args.resume]
+        for run_dir in run_dirs:
+            if not (run_dir / runfiles.CONFIG).is_file():
+                raise NlqError(f"{run_dir} is not an nlq run dir (no config.toml): nothing to "
+                               f"resume")
+        cfgs = None  # train() reads the run's config.toml, once, under the run's lock
     else:
         if not args.config:
             raise NlqError("give a config (TOML file or preset name) or --resume RUN_DIR")
-        cfg = load_config(args.config, parse_sets(args.set))
-        run_dir = Path(args.out or f"runs/{Path(args.config).stem}")
+        if args.out and len(args.out) != len(args.config):
+            raise NlqError(f"--out names {len(args.out)} run dir(s) for {len(args.config)} "
+                           f"config(s): give one per config")
+        sets = parse_sets(args.set)
+        cfgs = [load_config(c, sets) for c in args.config]
+        run_dirs = [Path(d) for d in args.out or [f"runs/{Path(c).stem}" for c in args.config]]
     # tune_alloc: no page faults on per-step CPU buffers (nlq/train/alloc.py)
-    summary = train(cfg, run_dir, resume=bool(args.resume), progress=not args.no_progress,
-                    tune_alloc=True)
+    if len(run_dirs) > 1:
+        from nlq.train.stack import train_stack
+
+        summaries = train_stack(cfgs, run_dirs, resume=bool(args.resume),
+                                progress=not args.no_progress, tune_alloc=True)
+        for s in summaries:
+            print(json.dumps(s))
+        return 0
+    summary = train(cfgs and cfgs[0], run_dirs[0], resume=bool(args.resume),
+                    progress=not args.no_progress, tune_alloc=True)
     if os.environ.get("RANK", "0") == "0":
         print(json.dumps(summary))
     return 0  # finished, or stopped cleanly by SIGINT/SIGTERM after a checkpoint

@@ -208,10 +208,11 @@ def _train(run: Run, resume: bool, progress: bool) -> dict:
     return finish(run, pos, val_loss, val_ppl)
 
 
-def start(run: Run, resume: bool) -> tuple[Position, bool]:
+def start(run: Run, resume: bool, load=None) -> tuple[Position, bool]:
     """Where the run starts, and whether it starts afresh at step 0: a resumed run loads its
-    latest checkpoint. Opens the logs (a resumed run's cut back to its checkpoint) and writes a
-    fresh run's meta row."""
+    latest checkpoint (load(run, model_sd, optim_sd): where its full state dicts go; default
+    the model and optimizer of the run, under any parallelism). Opens the logs (a resumed
+    run's cut back to its checkpoint) and writes a fresh run's meta row."""
     cfg, world, run_dir = run.cfg, run.world, run.files.path
     pos, metrics_offset = Position(), None
     fresh = not resume or not checkpoint.any_saved(run_dir)
@@ -236,9 +237,9 @@ def start(run: Run, resume: bool) -> tuple[Position, bool]:
         sd = dict(ck.model)
         if cfg.model.tie_embeddings:
             sd["lm_head.weight"] = sd["wte.weight"]
+        load = load or (lambda r, m, o: dist.load_full_state(r.wrapped, r.optimizer, m, o))
         try:
-            dist.load_full_state(run.wrapped, run.optimizer, sd,
-                                 checkpoint.flat_to_optim(ck.optim, ck.state["param_groups"]))
+            load(run, sd, checkpoint.flat_to_optim(ck.optim, ck.state["param_groups"]))
         except (RuntimeError, KeyError, ValueError) as e:
             why = " ".join(str(e).split())  # load_state_dict's message spans lines
             raise NlqError(f"checkpoint {ck.path} does not fit this model: {why}") from None
@@ -251,9 +252,10 @@ def start(run: Run, resume: bool) -> tuple[Position, bool]:
             run.files.open_wandb(cfg.train.wandb_project, cfg.to_dict())
         if fresh:
             init = {"init_from": run.init} if run.init else {}
+            stack = {"stack": run.stack} if run.stack > 1 else {}
             run.files.log({"kind": "meta", "step": 0, **run.params, "nlq_version": __version__,
                            "world_size": world.size, "device": str(run.device),
-                           **machine_record(), **init})
+                           **machine_record(), **init, **stack})
     return pos, fresh
 
 
@@ -291,10 +293,11 @@ def train_step(run: Run, step: int) -> tuple[float, float, float]:
     return lr, train_loss, grad_norm
 
 
-def save_checkpoint(run: Run, pos: Position) -> None:
+def save_checkpoint(run: Run, pos: Position, state_dicts: tuple[dict, dict] | None = None) -> None:
     """Full weights and AdamW state (gathering them is a collective under FSDP) with the
-    position, written by rank 0 (nlq/run/checkpoint.py)."""
-    model_sd, optim_sd = dist.full_state(run.wrapped, run.optimizer)
+    position, written by rank 0 (nlq/run/checkpoint.py). state_dicts: the full (model,
+    optimizer) state dicts where the caller has them (a stacked run's member, nlq/train/stack.py)."""
+    model_sd, optim_sd = state_dicts or dist.full_state(run.wrapped, run.optimizer)
     if not run.world.main:
         return
     cfg = run.cfg
@@ -322,6 +325,8 @@ def finish(run: Run, pos: Position, val_loss: float, val_ppl: float) -> dict:
                # same ISA at the same thread count (a resumed run: where it finished)
                **machine_record(),
                "n_spikes": len(run.spikes.found), "spikes": run.spikes.found}
+    if run.stack > 1:  # trained with stack - 1 other seeds as one model (nlq/train/stack.py)
+        summary["stack"] = run.stack
     if run.cfg.train.test_eval:
         docs = evaluate_test(run.wrapped, run.batches, run.world, run.autocast)
         test_loss = sum(docs["nats"]) / sum(docs["tokens"])

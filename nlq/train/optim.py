@@ -29,14 +29,18 @@ def lr_at(step: int, t) -> float:
     return t.min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (t.lr - t.min_lr)
 
 
-def make_optimizer(model: Transformer, t, device: torch.device) -> torch.optim.AdamW:
+def make_optimizer(model: Transformer, t, device: torch.device,
+                   params: dict[str, torch.Tensor] | None = None) -> torch.optim.AdamW:
     """Decay 2-D weight matrices only, never norms or biases. Embedding tables (the token
     table is also the tied output head) are 2-D and are decayed unless decay_embeddings is
-    off: nanoGPT and the paper decay them."""
+    off: nanoGPT and the paper decay them. params: the tensors to optimise by the model's
+    parameter names, in its order, where they are not the model's own (a stacked run's
+    (K, ...) weights, nlq/train/stack.py): the groups are decided by the model's shapes."""
     emb = {"wte.weight", "wpe.weight"}
     decay, no_decay = [], []
     for name, p in model.named_parameters():
-        (decay if p.dim() >= 2 and (t.decay_embeddings or name not in emb) else no_decay).append(p)
+        group = decay if p.dim() >= 2 and (t.decay_embeddings or name not in emb) else no_decay
+        group.append(p if params is None else params[name])
     # fused AdamW has CUDA and CPU kernels (torch >= 2.4); on other devices it is an error
     # rather than a silently ignored key
     if t.fused_adamw and device.type not in ("cuda", "cpu"):

@@ -37,6 +37,7 @@ class Run:
     spikes: Spikes  # the spike detector (nlq/train/spikes.py), restored on resume
     init: dict | None = None  # what train.init_from loaded at step 0, for the meta row
     depends: dict | None = None  # what checkpoints record and a resume checks (rank 0)
+    stack: int = 1  # runs trained together as one stacked model (nlq/train/stack.py)
 
 
 def set_up(cfg: Config, files: RunDir, world: World, device: torch.device,

@@ -1,0 +1,143 @@
+"""Seeds trained as one stacked model (nlq/train/stack.py) against the same seeds trained
+alone: the same losses, grad norms and final val loss to float rounding (the lone runs use
+the CPU kernels, the stack the plain model), a per-member grad clip (the configs clip hard,
+so a clip over the whole stack would show), an exact stacked resume, and a member's
+checkpoint that a lone `nlq train --resume` continues."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import helpers
+import pytest
+from helpers import assert_same_final, metrics, shared_data, tiny_config, untimed, write_config
+
+from nlq.cli import main as nlq_main
+from nlq.errors import NlqError
+from nlq.train.loop import train
+from nlq.train.stack import train_stack
+
+one_thread = helpers.one_thread
+# vmap runs CPU attention seed by seed (no batching rule there): correct, and said once
+pytestmark = pytest.mark.filterwarnings("ignore:There is a performance drop:UserWarning")
+
+# clip hard (the tiny model's grad norms start near 1-3): a clip taken over the whole stack
+# instead of per member would change every step
+STACK = {"model.query": "nonlinear", "train.max_steps": 12, "train.eval_interval": 6,
+         "train.ckpt_interval": 6, "train.keep_checkpoints": 10, "train.grad_clip": 0.3,
+         "train.test_eval": True}
+
+
+def member_cfgs(data, n=2, **extra):
+    return [tiny_config(data, **{**STACK, "train.seed": 3 + k, "data.seed": 7 + k, **extra})
+            for k in range(n)]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """Two seeds trained as one stack, and each trained alone."""
+    data = shared_data(tmp_path_factory)
+    base = tmp_path_factory.mktemp("stack")
+    cfgs = member_cfgs(data)
+    stacked = [base / "stack" / f"seed{k}" for k in range(2)]
+    alone = [base / "alone" / f"seed{k}" for k in range(2)]
+    summaries = train_stack(cfgs, stacked, progress=False)
+    lone = [train(c, d, progress=False) for c, d in zip(cfgs, alone)]
+    return cfgs, stacked, alone, summaries, lone
+
+
+def test_stacked_members_are_the_lone_runs(runs):
+    _, stacked, alone, summaries, lone = runs
+    for s_dir, a_dir, s, a in zip(stacked, alone, summaries, lone):
+        rows_s, rows_a = metrics(s_dir, "train"), metrics(a_dir, "train")
+        assert [r["step"] for r in rows_s] == [r["step"] for r in rows_a] == list(range(1, 13))
+        assert min(r["grad_norm"] for r in rows_a) > 2 * STACK["train.grad_clip"]  # clipped
+        for rs, ra in zip(rows_s, rows_a):
+            assert rs["lr"] == ra["lr"]
+            assert rs["loss"] == pytest.approx(ra["loss"], rel=1e-4)
+            assert rs["grad_norm"] == pytest.approx(ra["grad_norm"], rel=1e-3)
+        assert s["val_loss"] == pytest.approx(a["val_loss"], rel=1e-4)
+        assert s["test_loss"] == pytest.approx(a["test_loss"], rel=1e-4)
+        assert s["stack"] == 2 and "stack" not in a
+        assert set(s) - {"stack"} == set(a)  # the same summary, member by member
+        assert metrics(s_dir, "meta")[0]["stack"] == 2
+    # the two members are two different runs (seeds), not one run twice
+    assert summaries[0]["val_loss"] != summaries[1]["val_loss"]
+
+
+def stopped_at_6(src, dst):
+    """A copy of a finished run as if killed just after its step-6 checkpoint."""
+    shutil.copytree(src, dst)
+    (dst / "summary.json").unlink()
+    shutil.rmtree(dst / "ckpt" / "step_000012")
+    (dst / "ckpt" / "latest").write_text("step_000006\n")
+    return dst
+
+
+def test_stack_resumes_exactly(runs, tmp_path):
+    _, stacked, _, summaries, _ = runs
+    dirs = [stopped_at_6(d, tmp_path / d.name) for d in stacked]
+    out = train_stack(None, dirs, resume=True, progress=False)
+    for d, ref, s, r in zip(dirs, stacked, out, summaries):
+        assert untimed(metrics(d)) == untimed(metrics(ref))
+        assert_same_final(d, ref)  # bitwise: weights and AdamW state
+        assert s["val_loss"] == r["val_loss"] and s["test_loss"] == r["test_loss"]
+
+
+def test_a_member_resumes_alone(runs, tmp_path):
+    """A member's checkpoint is a lone run's: `nlq train --resume` continues it alone."""
+    _, stacked, _, _, lone = runs
+    d = stopped_at_6(stacked[1], tmp_path / "member")
+    s = train(None, d, resume=True, progress=False)
+    assert s["step"] == 12
+    assert s["val_loss"] == pytest.approx(lone[1]["val_loss"], rel=1e-4)
+
+
+def test_finished_members_are_skipped_and_mixed_steps_refused(runs, tmp_path):
+    _, stacked, _, summaries, _ = runs
+    done = tmp_path / "done"
+    shutil.copytree(stacked[0], done)
+    assert train_stack(None, [done, stacked[0]], resume=True, progress=False)[0] == summaries[0]
+    a = stopped_at_6(stacked[0], tmp_path / "a")
+    b = tmp_path / "b"
+    shutil.copytree(stacked[1], b)
+    (b / "summary.json").unlink()  # at its step-12 checkpoint: the final boundary only
+    with pytest.raises(NlqError, match="checkpoints of one step"):
+        train_stack(None, [a, b], resume=True, progress=False)
+
+
+@pytest.mark.parametrize("key, value, named", [
+    ("train.lr", 3e-3, "train.lr"),
+    ("model.d_model", 48, "model.d_model"),
+])
+def test_members_that_differ_beyond_seeds_are_refused(tmp_path_factory, tmp_path, key, value,
+                                                      named):
+    data = shared_data(tmp_path_factory)
+    a, b = member_cfgs(data)
+    b = b.replace(**{key: value})
+    with pytest.raises(NlqError, match=named):
+        train_stack([a, b], [tmp_path / "a", tmp_path / "b"], progress=False)
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()  # nothing written
+
+
+def test_dropout_is_refused(tmp_path_factory, tmp_path):
+    cfgs = member_cfgs(shared_data(tmp_path_factory), **{"model.dropout": 0.1})
+    with pytest.raises(NlqError, match="model.dropout"):
+        train_stack(cfgs, [tmp_path / "a", tmp_path / "b"], progress=False)
+
+
+def test_cli_trains_several_configs_as_a_stack(tmp_path_factory, tmp_path, capsys):
+    cfgs = member_cfgs(shared_data(tmp_path_factory), **{"train.max_steps": 3,
+                                                          "train.test_eval": False})
+    paths = [write_config(tmp_path / f"c{k}.toml", c) for k, c in enumerate(cfgs)]
+    assert nlq_main(["train", *map(str, paths), "--out", str(tmp_path / "x"),
+                     "--no-progress"]) != 0
+    assert "give one per config" in capsys.readouterr().err
+    assert not (tmp_path / "x").exists()
+    outs = [tmp_path / "r0", tmp_path / "r1"]
+    assert nlq_main(["train", *map(str, paths), "--out", *map(str, outs),
+                     "--no-progress"]) == 0
+    lines = [json.loads(x) for x in capsys.readouterr().out.strip().splitlines()[-2:]]
+    assert [x["step"] for x in lines] == [3, 3] and all(x["stack"] == 2 for x in lines)
+    assert nlq_main(["train", "--resume", *map(str, outs), "--no-progress"]) == 0
