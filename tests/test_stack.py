@@ -107,6 +107,35 @@ def test_finished_members_are_skipped_and_mixed_steps_refused(runs, tmp_path):
         train_stack(None, [a, b], resume=True, progress=False)
 
 
+def test_a_diverged_member_leaves_the_others_unchanged(runs, tmp_path, monkeypatch):
+    """Member 1's weights turned to NaN before step 4: it stops as a lone run stops (no
+    summary), member 0 trains on to bitwise what it gave in the stack of two, and the command
+    fails naming member 1."""
+    import torch
+
+    from nlq.train.loop import Diverged
+    from nlq.train.stack import Stack
+
+    cfgs, stacked, _, summaries, _ = runs
+    step = Stack.step
+
+    def poisoned(self, i):
+        if i == 3:
+            with torch.no_grad():
+                self.params["wte.weight"][1].fill_(float("nan"))
+        return step(self, i)
+
+    monkeypatch.setattr(Stack, "step", poisoned)
+    dirs = [tmp_path / "a", tmp_path / "b"]
+    with pytest.raises(Diverged, match="b: training diverged at step 4"):
+        train_stack(cfgs, dirs, progress=False)
+    assert untimed(metrics(dirs[0])) == untimed(metrics(stacked[0]))
+    assert json.loads((dirs[0] / "summary.json").read_text())["val_loss"] == \
+        summaries[0]["val_loss"]
+    assert not (dirs[1] / "summary.json").exists()
+    assert [r["step"] for r in metrics(dirs[1], "train")] == [1, 2, 3]
+
+
 @pytest.mark.parametrize("key, value, named", [
     ("train.lr", 3e-3, "train.lr"),
     ("model.d_model", 48, "model.d_model"),

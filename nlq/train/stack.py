@@ -133,6 +133,7 @@ class Stack:
                 counts, Spikes(), depends=d, stack=len(cfgs))
             for k, (c, f, d) in enumerate(zip(cfgs, files, depends))]
         self._loaded: dict[int, tuple[dict, dict]] = {}
+        self.dead: dict[int, str] = {}  # diverged members: why
 
     @property
     def K(self) -> int:
@@ -200,7 +201,8 @@ class Stack:
     def step(self, step: int) -> tuple[float, list[float], list[float]]:
         """Optimizer step `step` of every member: the micro-steps on the stacked batches
         (K, B, T), the grad clip per member, one AdamW step. Returns (lr, train losses,
-        grad norms), one per member; a non-finite one raises Diverged naming its run."""
+        grad norms), one per member. A member whose loss or grad norm is not finite is
+        diverged (self.dead) and left out from then on; all of them raises Diverged."""
         m0 = self.members[0]
         t, micros = m0.cfg.train, m0.batches.micros
         lr = lr_at(step, t)
@@ -218,12 +220,22 @@ class Stack:
         grad_norms = self._clip(t.grad_clip if t.grad_clip > 0 else float("inf"))
         train_losses = (loss_sum / len(micros)).tolist()
         norms = grad_norms.tolist()
-        bad = [m.files.path for m, loss, gn in zip(self.members, train_losses, norms)
-               if not (math.isfinite(loss) and math.isfinite(gn))]
-        if bad:
-            raise Diverged(f"training diverged at step {step + 1} in {bad[0]} (lr {lr:.3g}), "
-                           f"one of the {self.K} runs trained as one stack: every member keeps "
-                           f"its last good checkpoint; lower train.lr or raise warmup_steps")
+        for k, (loss, gn) in enumerate(zip(train_losses, norms)):
+            if k not in self.dead and not (math.isfinite(loss) and math.isfinite(gn)):
+                # as a lone run stops (nlq/train/loop.py): no step taken, its last good
+                # checkpoint kept; the others go on (their gradients are their own)
+                self.dead[k] = (f"training diverged at step {step + 1}: loss {loss}, grad norm "
+                                f"{gn} (lr {lr:.3g})")
+                print(f"nlq: {self.members[k].files.path}: {self.dead[k]}; its last good "
+                      f"checkpoint is kept, the stack's other runs go on", file=sys.stderr)
+        if len(self.dead) == self.K:
+            raise Diverged(f"every run of the stack diverged (the last at step {step + 1}, lr "
+                           f"{lr:.3g}): lower train.lr or raise warmup_steps")
+        with torch.no_grad():
+            for k in self.dead:  # a diverged member's weights stop changing
+                for p in self.params.values():
+                    if p.grad is not None:
+                        p.grad[k].zero_()
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         return lr, train_losses, norms
@@ -270,6 +282,12 @@ def train_stack(cfgs: list[Config] | None, run_dirs: list[str | Path], resume: b
             stack = _set_up(cfgs, files, resume, tune_alloc)
             for i, s in zip(todo, _train(stack, resume, progress)):
                 summaries[i] = s
+            failed = False  # every run started: a diverged one keeps what it wrote
+            if stack.dead:
+                k, why = next(iter(stack.dead.items()))
+                more = f" (and {len(stack.dead) - 1} more)" if len(stack.dead) > 1 else ""
+                raise Diverged(f"{run_dirs[todo[k]]}: {why}{more}; the stack's other runs "
+                               f"went on; lower train.lr or raise warmup_steps")
         failed = False
         return [summaries[i] for i in range(len(run_dirs))]
     finally:
@@ -305,8 +323,9 @@ def _set_up(cfgs: list[Config], files: list[RunDir], resume: bool, tune_alloc: b
     return stack
 
 
-def _train(stack: Stack, resume: bool, progress: bool) -> list[dict]:
-    """nlq/train/loop.py's _train, member by member at each boundary, one stacked step."""
+def _train(stack: Stack, resume: bool, progress: bool) -> list[dict | None]:
+    """nlq/train/loop.py's _train, member by member at each boundary, one stacked step;
+    a diverged member (stack.dead) is left out from its divergence on and gets no summary."""
     members, m0 = stack.members, stack.members[0]
     t = m0.cfg.train
     starts = [start(m, resume, load=stack.load_member) for m in members]
@@ -318,7 +337,11 @@ def _train(stack: Stack, resume: bool, progress: bool) -> list[dict]:
     stack.load_all()
     pos, fresh = starts[0]
     resumed_at = None if fresh else pos.step
-    vals = [(float("nan"), float("nan"))] * stack.K
+    vals = {k: (float("nan"), float("nan")) for k in range(stack.K)}
+
+    def live():
+        return [(k, m) for k, m in enumerate(members) if k not in stack.dead]
+
     with stop_on_signals() as stop, progress_bar(m0, pos.step, progress) as bar:
         t_last, tokens_last = time.perf_counter(), pos.tokens
         plain = (PlainLog(t.max_steps, pos.step, flops_per_token(m0.cfg.model), m0.device)
@@ -327,28 +350,30 @@ def _train(stack: Stack, resume: bool, progress: bool) -> list[dict]:
             # -- step boundary: eval, checkpoint, stop (nlq/train/loop.py) ------------------
             boundary = pos.step != resumed_at
             last = pos.step >= t.max_steps
-            if (last and not boundary) or (boundary and (pos.step % t.eval_interval == 0
-                                                         or last)):
-                vals = [evaluate(m.wrapped, m.batches, m.world, m.autocast) for m in members]
-            if boundary and (pos.step % t.eval_interval == 0 or last):
-                for m, (val_loss, val_ppl) in zip(members, vals):
-                    m.files.log({"kind": "eval", "step": pos.step, "val_loss": val_loss,
-                                 "val_ppl": val_ppl, "tokens": pos.tokens,
+            due = boundary and (pos.step % t.eval_interval == 0 or last)
+            if due or (last and not boundary):  # the latter: resumed from the final checkpoint
+                vals = {k: evaluate(m.wrapped, m.batches, m.world, m.autocast)
+                        for k, m in live()}
+            if due:
+                for k, m in live():
+                    m.files.log({"kind": "eval", "step": pos.step, "val_loss": vals[k][0],
+                                 "val_ppl": vals[k][1], "tokens": pos.tokens,
                                  "elapsed": pos.elapsed})
                 if bar is not None:
                     bar.write(f"step {pos.step}: val loss "
-                              f"{', '.join(f'{v:.4f}' for v, _ in vals)}")
+                              f"{', '.join(f'{vals[k][0]:.4f}' for k, _ in live())}")
             signum = stop.signum
             if boundary and pos.step > 0 and (last or pos.step % t.ckpt_interval == 0 or signum):
-                for k, m in enumerate(members):
+                for k, m in live():
                     save_checkpoint(m, pos, stack.member_state(k))
             if last:
                 break
             if signum:
-                dirs = " ".join(str(m.files.path) for m in members)
+                dirs = " ".join(str(m.files.path) for _, m in live())
                 print(f"nlq: stopped by signal {signum} at step {pos.step}; continue with "
                       f"`nlq train --resume {dirs}`", file=sys.stderr)
-                return [{"status": "interrupted", "step": pos.step}] * stack.K
+                return [None if k in stack.dead else {"status": "interrupted", "step": pos.step}
+                        for k in range(stack.K)]
 
             # -- one optimizer step of every member -----------------------------------------
             t0 = time.perf_counter()
@@ -361,18 +386,21 @@ def _train(stack: Stack, resume: bool, progress: bool) -> list[dict]:
                 # each member's own tokens: the stack trains K times as many
                 tps = (pos.tokens - tokens_last) / max(now - t_last, 1e-9)
                 t_last, tokens_last = now, pos.tokens
-                for m, loss, gn in zip(members, losses, norms):
-                    rec = {"kind": "train", "step": pos.step, "lr": lr, "loss": loss,
-                           "grad_norm": gn, "tokens": pos.tokens, "tok_per_s": tps,
-                           "elapsed": pos.elapsed, "peak_mem_mb": peak_memory_mb(m0.device)}
-                    m.files.log(rec)
+                for k, m in live():
+                    m.files.log({"kind": "train", "step": pos.step, "lr": lr, "loss": losses[k],
+                                 "grad_norm": norms[k], "tokens": pos.tokens, "tok_per_s": tps,
+                                 "elapsed": pos.elapsed, "peak_mem_mb": peak_memory_mb(m0.device)})
+                shown = [losses[k] for k, _ in live()]
                 if bar is not None:
-                    bar.set_postfix(loss=f"{min(losses):.3f}-{max(losses):.3f}",
-                                    tok_s=f"{tps * stack.K:,.0f}")
+                    bar.set_postfix(loss=f"{min(shown):.3f}-{max(shown):.3f}",
+                                    tok_s=f"{tps * len(shown):,.0f}")
                 elif plain is not None:
-                    plain.maybe_print({**rec, "loss": losses[0]})
-            for m, loss, gn in zip(members, losses, norms):
-                for spike in m.spikes.update(pos.step, loss, gn):
+                    plain.maybe_print({"step": pos.step, "lr": lr, "loss": shown[0],
+                                       "grad_norm": norms[live()[0][0]],
+                                       "tok_per_s": tps * len(shown),  # the stack's
+                                       "peak_mem_mb": peak_memory_mb(m0.device)})
+            for k, m in live():
+                for spike in m.spikes.update(pos.step, losses[k], norms[k]):
                     m.files.log({"kind": "spike", "step": spike["step"], "of": spike["kind"],
                                  "value": spike["value"], "ref": spike["ref"]})
                     print(f"nlq: warning: {m.files.path}: {spike['kind']} spike at step "
@@ -380,4 +408,4 @@ def _train(stack: Stack, resume: bool, progress: bool) -> list[dict]:
                           f"{spike['ref']:.4g}", file=sys.stderr)
             if bar is not None:
                 bar.update(1)
-    return [finish(m, pos, *v) for m, v in zip(members, vals)]
+    return [None if k in stack.dead else finish(m, pos, *vals[k]) for k, m in enumerate(members)]
