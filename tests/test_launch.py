@@ -103,6 +103,35 @@ def test_jobs_auto_on_a_gpu_is_what_memory_and_cores_allow():
     assert auto_gpu_jobs(mixed, 1, 64, 140 * gib) == int(0.9 * 140 * gib // need)
     assert auto_gpu_jobs([spec(big)] * 4, 1, 64, need // 2) == 1  # at least 1
     assert auto_gpu_jobs([spec(small, threads=4)] * 40, 1, 16, 140 * gib) == 4
+    # stacks of K: a process holds K runs' memory, and 40 runs make ceil(40 / K) processes
+    assert auto_gpu_jobs(specs, 1, 16, 140 * gib, stack=8) == 5
+    assert auto_gpu_jobs([spec(big)] * 64, 1, 64, 140 * gib, stack=4) == int(
+        0.9 * 140 * gib // (4 * need))
+
+
+def test_stack_groups_hold_seeds_of_one_config_in_one_state(tmp_path):
+    """Seeds of one arm and lr, all new or all resumed from one checkpoint step, at most K a
+    group, in plan order; replicates and other configs apart."""
+    from pathlib import Path
+
+    from nlq.experiments.runner import RunSpec, stack_groups
+
+    base = load_config("small")
+
+    def run(arm, k, lr=1e-3, state="new", at=None):
+        d = tmp_path / f"{arm}-{lr}-{k}"
+        if at is not None:
+            (d / "ckpt").mkdir(parents=True)
+            (d / "ckpt" / "latest").write_text(f"step_{at:06d}\n")
+        cfg = base.replace(**{"train.seed": k, "data.seed": 7 + k, "train.lr": lr})
+        return RunSpec(arm, k, cfg, Path(d)), state
+
+    todo = [run("a", 0), run("a", 1), run("a", 2), run("b", 0), run("a", 3, lr=2e-3),
+            run("a", 4, state="resume", at=100), run("a", 5, state="resume", at=100),
+            run("a", 6, state="resume", at=200)]
+    names = [[f"{s.arm}{s.seed_index}" for s in g] for g in stack_groups(todo, 2)]
+    assert names == [["a0", "a1"], ["a2"], ["b0"], ["a3"], ["a4", "a5"], ["a6"]]
+    assert [len(g) for g in stack_groups(todo, 1)] == [1] * 8
 
 
 @pytest.mark.parametrize("value", ["0", "-2", "two", "1.5"])

@@ -185,6 +185,33 @@ def test_exported_results_rebuild_the_same_report(experiment, tmp_path):
     assert p.returncode == 2 and "holds no runs/ folder" in p.stderr
 
 
+def test_stacked_seeds_are_the_lone_runs(experiment):
+    """--stack 2: each arm's two seeds train as one stacked model (nlq/train/stack.py), into
+    the same run dirs, to the lone runs' numbers up to float rounding (the lone runs use the
+    CPU kernels, the stack the plain model)."""
+    tmp, out, _ = experiment
+    exp, sets = mini_setting(tmp)
+    stacked = tmp / "out-stacked"
+    p = ok(nlq("reproduce", "--experiment", exp, "--seeds", "2", "--out", stacked, "--jobs",
+               "2", "--stack", "2", *sets, timeout=600))
+    for arm in ("linear", "nonlinear"):
+        runs = [(out / "runs" / arm / f"seed{k}", stacked / "runs" / arm / f"seed{k}")
+                for k in (0, 1)]
+        for lone, st in runs:
+            a, b = (json.loads((d / "summary.json").read_text()) for d in (lone, st))
+            assert b["stack"] == 2 and "stack" not in a
+            assert b["test_loss"] == pytest.approx(a["test_loss"], rel=1e-4)
+            assert b["val_loss"] == pytest.approx(a["val_loss"], rel=1e-4)
+        assert "trained as one stack" in (runs[1][1] / "train.log").read_text()
+    assert "all 4 runs finished already" in ok(nlq(
+        "reproduce", "--experiment", exp, "--seeds", "2", "--out", stacked, "--jobs", "2",
+        "--stack", "2", *sets, timeout=600)).stderr
+    assert p.returncode == 0
+    bad = nlq("reproduce", "--experiment", exp, "--seeds", "2", "--out", tmp / "x", "--stack",
+              "0", *sets)
+    assert_user_error(bad, "--stack")
+
+
 def test_second_invocation_trains_nothing(experiment):
     tmp, out, _ = experiment
     before = snapshot(out / "runs")

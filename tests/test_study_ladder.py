@@ -7,7 +7,7 @@ import pytest
 from helpers import assert_user_error, nlq
 
 from nlq.errors import NlqError
-from nlq.experiments.study import load_ladder
+from nlq.experiments.study import load_ladder, rung_record
 
 GOOD_TOP = {"experiment": '"paper"', "arms": '["linear", "nonlinear"]'}
 GOOD_RUNG = {"preset": '"tiny"', "lrs": "[1e-3, 2e-3, 4e-3]", "sweep_seeds": "4", "seeds": "8",
@@ -32,6 +32,10 @@ def test_a_good_ladder_and_the_shipped_one_load(tmp_path):
                                      rung={"lrs": "[1e-2, 1.414e-2, 2e-2, 2.828e-2]"}))
     assert len(sqrt2.rungs["A"].lrs) == 4
     assert load_ladder().rungs  # nlq/experiments/ladder.toml
+    # stacked seeds are part of a rung's recipe; lone runs keep the record rungs had before
+    assert "stack" not in rung_record(lad, r)
+    st = load_ladder(write_ladder(tmp_path / "k.toml", rung={"stack": "4"}))
+    assert rung_record(st, st.rungs["A"])["stack"] == 4
 
 
 @pytest.mark.parametrize("top, rung, match", [
@@ -40,6 +44,7 @@ def test_a_good_ladder_and_the_shipped_one_load(tmp_path):
     ({}, {"seeds": "8.0"}, r"rungs\.A\.seeds must be an integer >= 2, got 8\.0"),
     ({}, {"seeds": "true"}, r"rungs\.A\.seeds must be an integer >= 2, got True"),
     ({}, {"sweep_seeds": "1"}, r"rungs\.A\.sweep_seeds must be an integer >= 2, got 1"),
+    ({}, {"stack": "0"}, r"rungs\.A\.stack must be an integer >= 1 \(seeds .*, got 0"),
     # lrs: positive, finite, a grid of one constant step
     ({}, {"lrs": "[1e-3, -2e-3, 4e-3]"}, r"rungs\.A\.lrs: -0\.002 is not a positive finite"),
     ({}, {"lrs": "[1e-3, nan, 4e-3]"}, r"rungs\.A\.lrs: nan is not a positive finite"),

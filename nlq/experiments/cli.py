@@ -104,6 +104,22 @@ def add_launch_arguments(p) -> None:
                         "executor = \"local\" runs the jobs on this machine), every key checked")
 
 
+def add_stack_argument(p) -> None:
+    p.add_argument("--stack", type=int, default=1, metavar="K",
+                   help="train up to K seeds of one arm (and lr) as one stacked model in one "
+                        "process (nlq/train/stack.py: equal to lone runs to float rounding, "
+                        "not bit for bit; for small models on a GPU, which a lone run leaves "
+                        "launch-bound); default 1: every run alone. --jobs counts processes")
+
+
+def check_stack(k: int) -> int:
+    from nlq.errors import NlqError
+
+    if k < 1:
+        raise NlqError(f"--stack must be >= 1 (seeds trained as one model), got {k}")
+    return k
+
+
 def _launcher(args, out: Path):
     """--launcher as run_all takes it: its name, or for slurm the settings read from --slurm
     FILE (every key checked, submitit's job files under OUT/slurm by default); a --slurm
@@ -123,6 +139,7 @@ def _launcher(args, out: Path):
 
 
 def add_reproduce_arguments(p) -> None:
+    add_stack_argument(p)
     p.add_argument("--experiment", default="paper", metavar="NAME|FILE",
                    help="shipped experiment (paper, strong-baseline, encoder) or a TOML file "
                         "(default: paper)")
@@ -171,7 +188,7 @@ def run_reproduce(args) -> int:
     jobs = _jobs(args.jobs, threads, launcher)
     return reproduce(args.experiment, args.preset, args.seeds, arms, out, jobs, args.force,
                      parse_sets(args.set), Path(args.lrs_from) if args.lrs_from else None,
-                     threads, args.replicates, rthreads, launcher)
+                     threads, args.replicates, rthreads, launcher, check_stack(args.stack))
 
 
 # ---------------------------------------------------------------------------------------
@@ -193,6 +210,7 @@ def add_sweep_arguments(p) -> None:
     p.add_argument("--out", default=None, metavar="DIR",
                    help="output dir (default: out/sweep-<experiment>-<preset>)")
     add_launch_arguments(p)
+    add_stack_argument(p)
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="config override for every run, e.g. train.max_steps=100")
     p.add_argument("--threads", type=int, default=1, metavar="N",
@@ -215,7 +233,8 @@ def run_sweep(args) -> int:
     threads = check_threads(args.threads, "--threads")
     launcher = _launcher(args, out)
     return sweep(args.experiment, args.preset, arms, lrs, args.seeds, out,
-                 _jobs(args.jobs, threads, launcher), parse_sets(args.set), threads, launcher)
+                 _jobs(args.jobs, threads, launcher), parse_sets(args.set), threads, launcher,
+                 check_stack(args.stack))
 
 
 def _jobs(jobs: str | int | None, threads: int = 1, launcher="local") -> int | None:

@@ -161,7 +161,8 @@ def with_lrs(specs: list[RunSpec], lrs: dict[str, float]) -> list[RunSpec]:
 def reproduce(experiment: str, preset: str, seeds: int, arm_names: list[str] | None,
               out: Path, jobs: int | None, force: bool, sets: dict | None = None,
               lrs_from: Path | None = None, threads: int = 1, replicates: int = 0,
-              replicate_threads: int | None = None, launcher: str = "local") -> int:
+              replicate_threads: int | None = None, launcher: str = "local",
+              stack: int = 1) -> int:
     import torch
 
     check_out(out, "reproduce")  # a folder of the user's is refused before any work
@@ -178,14 +179,14 @@ def reproduce(experiment: str, preset: str, seeds: int, arm_names: list[str] | N
         from nlq.run.memory import check_fits
         from nlq.train.dist import resolve_device
 
-        jobs = resolve_jobs(jobs, specs, launcher)  # auto on a GPU: from the runs' memory
+        jobs = resolve_jobs(jobs, specs, launcher, stack=stack)  # auto on a GPU: memory
 
         for cfg in {s.arm: s.cfg for s in specs}.values():  # `jobs` runs share this machine
             device = resolve_device(cfg.train.device)
             if device.type == "cuda":  # `jobs` runs share the GPU: each its share of it
-                check_fits(cfg, device, gpu_share=min(jobs, len(specs)))
-            else:
-                check_fits(cfg, device, procs=min(jobs, len(specs)))
+                check_fits(cfg, device, procs=stack, gpu_share=min(jobs, len(specs)))
+            else:  # a stack of K holds K runs' memory
+                check_fits(cfg, device, procs=min(jobs * stack, len(specs)))
     out.mkdir(parents=True, exist_ok=True)
     if lrs is not None:
         write_atomic(out / "lrs.json", json.dumps(lrs, indent=2))
@@ -199,7 +200,7 @@ def reproduce(experiment: str, preset: str, seeds: int, arm_names: list[str] | N
         return 0
     ensure_data(preset, specs[0].cfg)
     t0 = time.time()
-    failed = run_all(specs, exp, jobs, out, states, launcher)
+    failed = run_all(specs, exp, jobs, out, states, launcher, stack=stack)
     if len(failed) == len(specs):
         print(f"reproduce: every run failed ({', '.join(failed)}); see their train.log, then "
               f"run the command again to resume them", file=sys.stderr)

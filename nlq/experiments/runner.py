@@ -17,6 +17,7 @@ of the same cause stops that command with one line naming the run and the cause.
 from __future__ import annotations
 
 import json
+import math
 import shutil
 import signal
 import sys
@@ -106,22 +107,23 @@ def check_out(out: Path, command: str) -> None:
                    f"or empty folder, or the folder of an earlier `nlq {command}`")
 
 
-def auto_gpu_jobs(specs: list[RunSpec], n_gpus: int, cores: int, total_bytes: int) -> int:
-    """--jobs auto on a GPU: the runs one GPU takes at once: as many as 90% of its memory
-    holds by the largest run's estimate (nlq/run/memory.py), and the CPU cores can feed (one
-    core a run, its --threads), at least 1."""
+def auto_gpu_jobs(specs: list[RunSpec], n_gpus: int, cores: int, total_bytes: int,
+                  stack: int = 1) -> int:
+    """--jobs auto on a GPU: the processes one GPU takes at once: as many as 90% of its
+    memory holds by the largest run's estimate (nlq/run/memory.py) times the runs a process
+    stacks, and the CPU cores can feed (one core a process, its --threads), at least 1."""
     import torch
 
     from nlq.run.memory import estimate
 
-    need = max(estimate(s.cfg, torch.device("cuda")).total for s in specs)
+    need = max(estimate(s.cfg, torch.device("cuda")).total for s in specs) * stack
     by_memory = int(0.9 * total_bytes // need)
     by_cores = cores // (max(s.threads for s in specs) * max(1, n_gpus))
-    return max(1, min(by_memory, by_cores, len(specs)))
+    return max(1, min(by_memory, by_cores, math.ceil(len(specs) / stack)))
 
 
 def resolve_jobs(jobs: int | None, specs: list[RunSpec], launcher: LauncherSpec,
-                 command: str = "reproduce") -> int:
+                 command: str = "reproduce", stack: int = 1) -> int:
     """jobs, or for auto (None, on a GPU) auto_gpu_jobs over this machine's GPUs."""
     if jobs is not None:
         return jobs
@@ -131,8 +133,9 @@ def resolve_jobs(jobs: int | None, specs: list[RunSpec], launcher: LauncherSpec,
     from nlq.sysinfo import cores
 
     n = len(visible_gpus()) if launcher == "gpus" else 1
-    jobs = auto_gpu_jobs(specs, n, cores(), int(torch.cuda.mem_get_info()[1]))
-    print(f"{command}: --jobs auto: {jobs} run(s) at a time per GPU", file=sys.stderr)
+    jobs = auto_gpu_jobs(specs, n, cores(), int(torch.cuda.mem_get_info()[1]), stack)
+    what = f"stack(s) of up to {stack} runs" if stack > 1 else "run(s)"
+    print(f"{command}: --jobs auto: {jobs} {what} at a time per GPU", file=sys.stderr)
     return jobs
 
 
@@ -197,15 +200,40 @@ def _last_step(run_dir: Path) -> int:
     return 0
 
 
+def stack_groups(todo: list[tuple[RunSpec, str]], stack: int) -> list[list[RunSpec]]:
+    """The runs left, in groups of at most `stack` that train as one stacked model
+    (nlq/train/stack.py): runs of one config but for their seeds (one arm at one lr), all new
+    or all resumed from checkpoints of one step; in plan order. stack 1: one run a group."""
+    if stack <= 1:
+        return [[s] for s, _ in todo]
+    keyed: dict[tuple, list[RunSpec]] = {}
+    for s, state in todo:
+        same = s.cfg.replace(**{"train.seed": 0, "data.seed": 0}).to_toml()
+        at = _ckpt_step(s.run_dir) if state == "resume" else None
+        keyed.setdefault((s.arm, state, at, same, s.replicate), []).append(s)
+    return [g[i:i + stack] for g in keyed.values() for i in range(0, len(g), stack)]
+
+
+def _ckpt_step(run_dir: Path) -> int | None:
+    """The step of a run's latest checkpoint, as ckpt/latest names it."""
+    try:
+        return int((run_dir / runfiles.CKPT / "latest").read_text().strip().split("_")[-1])
+    except (OSError, ValueError):
+        return None
+
+
 def run_all(specs: list[RunSpec], exp, jobs: int, out: Path,
             states: dict[Path, str] | None = None,
-            launcher: LauncherSpec = "local", command: str = "reproduce") -> list[str]:
+            launcher: LauncherSpec = "local", command: str = "reproduce",
+            stack: int = 1) -> list[str]:
     """Train every planned run that is not finished, `jobs` at a time through the launcher
     named (nlq/experiments/launch.py; "local": within jobs x the runs' threads of CPU; slurm:
     its SlurmSettings, from --slurm FILE);
     returns the arms/seeds that failed. Raises Interrupted when a signal stopped the command
     (after its running children stopped). states: run_states(specs), if checked already;
-    command: the name its messages start with (reproduce or sweep)."""
+    command: the name its messages start with (reproduce or sweep). stack: up to that many
+    seeds of one arm and lr train as one stacked model in one `nlq train` (stack_groups; a
+    job of the launcher), its output in the first one's train.log."""
     from tqdm import tqdm
 
     states = states or run_states(specs, command)
@@ -214,26 +242,30 @@ def run_all(specs: list[RunSpec], exp, jobs: int, out: Path,
         state = states[s.run_dir]
         if state == "finished":
             continue
-        cfg_path = out / "configs" / s.config_name
         if state == "new":
             shutil.rmtree(s.run_dir, ignore_errors=True)  # a start that never checkpointed
             s.run_dir.mkdir(parents=True)
             rep = {"replicate": True} if s.replicate else {}
             write_atomic(s.run_dir / runfiles.ARM, json.dumps(
                 {"experiment": exp.name, "arm": s.arm, "seed_index": s.seed_index, **rep}))
-            cmd = ["train", str(cfg_path), "--out", str(s.run_dir)]
-        else:
-            cmd = ["train", "--resume", str(s.run_dir)]
-        todo.append((s, cmd))
+        todo.append((s, state))
     if not todo:
         print(f"{command}: all {len(specs)} runs finished already", file=sys.stderr)
         return []
+    groups = []
+    for g in stack_groups(todo, stack):
+        dirs = [str(s.run_dir) for s in g]
+        if states[g[0].run_dir] == "new":
+            cmd = ["train", *(str(out / "configs" / s.config_name) for s in g), "--out", *dirs]
+        else:
+            cmd = ["train", "--resume", *dirs]
+        groups.append((g, cmd))
     total = sum(s.cfg.train.max_steps for s, _ in todo)
     done_steps = {s.run_dir: _last_step(s.run_dir) for s, _ in todo}
     # a replicate at more threads than the command's waits for room in the budget
     launch = make_launcher(launcher, jobs, max([s.threads for s in specs if not s.replicate]
                                                or [1]))
-    failed, stopped, running, queue = [], [], [], list(todo)
+    failed, stopped, running, queue = [], [], [], list(groups)
     causes = _read_failures(out / FAILURES)
     twice: list[tuple[str, str]] = []  # runs that failed again as they did last time
     signals: list[int] = []
@@ -255,39 +287,27 @@ def run_all(specs: list[RunSpec], exp, jobs: int, out: Path,
     old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         while (queue and not signals) or running:
-            while queue and not signals and launch.fits(running, queue[0][0].threads):
-                s, cmd = queue.pop(0)
+            while queue and not signals and launch.fits(running, queue[0][0][0].threads):
+                g, cmd = queue.pop(0)
                 # open while the run lives: closed when it ends, below; never through a symlink
-                log = open_log(s.run_dir / runfiles.TRAIN_LOG)
-                running.append(launch.start(s, cmd, log, s.threads, running))
+                log = open_log(g[0].run_dir / runfiles.TRAIN_LOG)
+                for s in g[1:]:
+                    with open_log(s.run_dir / runfiles.TRAIN_LOG) as note:
+                        note.write(f"{command}: trained as one stack with {len(g) - 1} other "
+                                   f"run(s); the output is in {g[0].run_dir / runfiles.TRAIN_LOG}\n")
+                running.append(launch.start(g, cmd, log, g[0].threads, running))
             time.sleep(0.5)
             for job in list(running):
-                s = job.key
-                now = _last_step(s.run_dir)
-                bar.update(now - done_steps[s.run_dir])
-                done_steps[s.run_dir] = now
+                for s in job.key:
+                    now = _last_step(s.run_dir)
+                    bar.update(now - done_steps[s.run_dir])
+                    done_steps[s.run_dir] = now
                 if job.proc.poll() is None:
                     continue
                 running.remove(job)
                 job.log.close()
-                summ = read_summary(s.run_dir)[0] if job.proc.returncode == 0 else None
-                key = str(s.run_dir.relative_to(out)) if s.run_dir.is_relative_to(out) else str(
-                    s.run_dir)
-                if summ is not None and causes.pop(key, None) is not None:
-                    write_atomic(out / FAILURES, json.dumps(causes, indent=2))
-                if summ is not None:
-                    bar.write(f"{command}: {s.arm} {s.run_dir.name}: val loss "
-                              f"{summ['val_loss']:.4f} ({summ['tok_per_s']:,.0f} tok/s)")
-                elif signals:  # stopped by the signal, at a checkpoint
-                    stopped.append(f"{s.arm}/{s.run_dir.name}")
-                else:  # failed: the others go on; the next command retries it, once
-                    failed.append(f"{s.arm}/{s.run_dir.name}")
-                    cause = failure_cause(job.proc.returncode, s.run_dir / runfiles.TRAIN_LOG)
-                    if causes.get(key) == cause:
-                        twice.append((key, cause))
-                    causes[key] = cause
-                    write_atomic(out / FAILURES, json.dumps(causes, indent=2))
-                    bar.write(f"{command}: {s.arm} {s.run_dir.name} failed: {cause}")
+                for s in job.key:  # a stack's runs: each finished or not on its own
+                    _ended(s, job, out, command, causes, failed, stopped, twice, signals, bar)
     finally:
         for sig, handler in old.items():
             signal.signal(sig, handler)
@@ -301,6 +321,29 @@ def run_all(specs: list[RunSpec], exp, jobs: int, out: Path,
                        f"{runfiles.TRAIN_LOG} and remove the cause (memory: fewer --jobs or "
                        f"a smaller micro-batch) before running the command again")
     return failed
+
+
+def _ended(s: RunSpec, job, out: Path, command: str, causes: dict, failed: list,
+           stopped: list, twice: list, signals: list, bar) -> None:
+    """Book run s of a job that ended: finished (its summary), stopped by the command's
+    signal, or failed (its cause recorded in OUT/failures.json; twice alike is noted)."""
+    summ = read_summary(s.run_dir)[0]  # a stack's run may finish though another failed
+    key = str(s.run_dir.relative_to(out)) if s.run_dir.is_relative_to(out) else str(s.run_dir)
+    if summ is not None and causes.pop(key, None) is not None:
+        write_atomic(out / FAILURES, json.dumps(causes, indent=2))
+    if summ is not None:
+        bar.write(f"{command}: {s.arm} {s.run_dir.name}: val loss "
+                  f"{summ['val_loss']:.4f} ({summ['tok_per_s']:,.0f} tok/s)")
+    elif signals:  # stopped by the signal, at a checkpoint
+        stopped.append(f"{s.arm}/{s.run_dir.name}")
+    else:  # failed: the others go on; the next command retries it, once
+        failed.append(f"{s.arm}/{s.run_dir.name}")
+        cause = failure_cause(job.proc.returncode, job.key[0].run_dir / runfiles.TRAIN_LOG)
+        if causes.get(key) == cause:
+            twice.append((key, cause))
+        causes[key] = cause
+        write_atomic(out / FAILURES, json.dumps(causes, indent=2))
+        bar.write(f"{command}: {s.arm} {s.run_dir.name} failed: {cause}")
 
 
 def _read_failures(path: Path) -> dict[str, str]:

@@ -175,8 +175,11 @@ class TrainRun:
     step, and its default action is to end the process). A run dir that holds a run already (a requeued job, Slurm's own
     requeue after a node failure) is resumed, never started again."""
 
-    def __init__(self, cmd: list[str], run_dir: str, cwd: str, threads: int):
+    def __init__(self, cmd: list[str], run_dir: str, cwd: str, threads: int,
+                 also: tuple[str, ...] = ()):
+        """also: the other run dirs of a stack trained with run_dir (nlq/train/stack.py)."""
         self.cmd, self.run_dir, self.cwd, self.threads = list(cmd), run_dir, cwd, threads
+        self.also = tuple(also)
         self._child: subprocess.Popen | None = None
 
     def __getstate__(self):
@@ -184,7 +187,7 @@ class TrainRun:
 
     def command(self) -> list[str]:
         if (Path(self.cwd) / self.run_dir / runfiles.CONFIG).is_file():
-            return ["train", "--resume", self.run_dir]
+            return ["train", "--resume", self.run_dir, *self.also]
         return self.cmd
 
     def __call__(self) -> int:
@@ -379,10 +382,15 @@ class Slurm:
         return len(running) < self.jobs
 
     def start(self, key, cmd, log, threads, running) -> Job:
-        run_dir = Path(key.run_dir)  # the runner's RunSpec: its train.log is the run's log
-        task = TrainRun(cmd, str(run_dir), os.getcwd(), threads)
+        # the runner's RunSpecs (a stack's, or one run's): the first one's train.log is the log
+        runs = list(key) if isinstance(key, (list, tuple)) else [key]
+        run_dir = Path(runs[0].run_dir)
+        task = TrainRun(cmd, str(run_dir), os.getcwd(), threads,
+                        also=tuple(str(r.run_dir) for r in runs[1:]))
+        more = f"+{len(runs) - 1}" if len(runs) > 1 else ""
         try:
-            job = self._submit(task, threads, f"nlq-{getattr(key, 'arm', 'run')}-{run_dir.name}")
+            job = self._submit(task, threads,
+                               f"nlq-{getattr(runs[0], 'arm', 'run')}-{run_dir.name}{more}")
         except Exception as e:  # noqa: BLE001 (sbatch refused it: this run failed, said why)
             return Job(key, Refused(run_dir / runfiles.TRAIN_LOG, e), log, threads)
         return Job(key, SubmititProc(job, self.settings, run_dir / runfiles.TRAIN_LOG), log,

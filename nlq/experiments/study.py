@@ -52,6 +52,9 @@ class Rung:
     # training tokens per non-embedding parameter of the baseline: sets train.max_steps (and
     # the warmup in the preset's proportion) in `sets`, so rungs of other sizes train alike
     tokens_per_param: float | None = None
+    # seeds of one arm (and lr) trained as one stacked model (nlq/train/stack.py): part of
+    # the rung's recipe, since stacked runs sum their floats in another order than lone runs
+    stack: int = 1
 
 
 @dataclass(frozen=True)
@@ -93,7 +96,7 @@ def load_ladder(path: str | Path | None = None) -> Ladder:
 
 def _rung(path: Path, name: str, r) -> Rung:
     keys = {"preset", "lrs", "sweep_seeds", "seeds", "set", "device", "description",
-            "tokens_per_param"}
+            "tokens_per_param", "stack"}
     where = f"ladder {path}: rungs.{name}"
     if not isinstance(r, dict):
         raise NlqError(f"{where} must be a table ([rungs.{name}])")
@@ -115,6 +118,10 @@ def _rung(path: Path, name: str, r) -> Rung:
         # 2 at least: a sweep's choice averages over seeds, the report's intervals need 2
         if not isinstance(v, int) or isinstance(v, bool) or v < 2:
             raise NlqError(f"{where}.{k} must be an integer >= 2, got {v!r}")
+    stack = r.get("stack", 1)
+    if not isinstance(stack, int) or isinstance(stack, bool) or stack < 1:
+        raise NlqError(f"{where}.stack must be an integer >= 1 (seeds trained as one model), "
+                       f"got {stack!r}")
     if r.get("device", "cpu") not in ("cpu", "cuda"):
         raise NlqError(f"{where}.device must be cpu or cuda, got {r['device']!r}")
     sets = r.get("set", {})
@@ -136,7 +143,7 @@ def _rung(path: Path, name: str, r) -> Rung:
     return Rung(name=name, preset=r["preset"], lrs=[float(x) for x in r["lrs"]],
                 sweep_seeds=counts["sweep_seeds"], seeds=counts["seeds"], sets=dict(sets),
                 device=r.get("device", "cpu"), description=desc,
-                tokens_per_param=None if tpp is None else float(tpp))
+                tokens_per_param=None if tpp is None else float(tpp), stack=stack)
 
 
 def steps_for(cfg, tokens_per_param, where: str) -> dict:
@@ -168,6 +175,8 @@ def rung_record(ladder: Ladder, rung: Rung) -> dict:
            # other lrs, so other comparison runs
            "sweep_seed_offset": SEED_OFFSET, "lr_choice": LR_CHOICE}
     rec.pop("description")  # words only: may change
+    if rec["stack"] == 1:  # lone runs: the record of a rung from before stacks existed
+        rec.pop("stack")
     return rec
 
 
@@ -308,7 +317,7 @@ def run_rung(ladder: Ladder, rung: Rung, out: Path, jobs: int | None, threads: i
     # each pass grows a side by one step, at most log_step(MAX_WIDEN) steps a side
     for _ in range(2 * round(math.log(MAX_WIDEN) / math.log(grid_step(lrs))) + 1):
         rc = sweep(ladder.experiment, rung.preset, arms, lrs, rung.sweep_seeds, out / "sweep",
-                   jobs, rung.sets, threads, launcher)
+                   jobs, rung.sets, threads, launcher, rung.stack)
         after_phase()
         if rc != 0:
             return rc
@@ -321,7 +330,7 @@ def run_rung(ladder: Ladder, rung: Rung, out: Path, jobs: int | None, threads: i
         lrs = grown
     rc = reproduce(ladder.experiment, rung.preset, rung.seeds, arms, out / "compare", jobs,
                    force=False, sets=rung.sets, lrs_from=out / "sweep" / RESULT_FILE,
-                   threads=threads, launcher=launcher)
+                   threads=threads, launcher=launcher, stack=rung.stack)
     after_phase()
     return rc
 

@@ -194,7 +194,7 @@ def matched(by_seed: dict, baseline: str) -> dict:
 
 def sweep(experiment: str, preset: str, arms: list[str] | None, lrs: list[float], seeds: int,
           out: Path, jobs: int, sets: dict | None = None, threads: int = 1,
-          launcher: str = "local") -> int:
+          launcher: str = "local", stack: int = 1) -> int:
     from nlq.experiments.sweep_figure import draw_sweep
 
     check_out(out, "sweep")  # a folder of the user's is refused before any work
@@ -223,8 +223,9 @@ def sweep(experiment: str, preset: str, arms: list[str] | None, lrs: list[float]
     for s in specs:
         write_atomic(out / "configs" / s.config_name, s.cfg.to_toml())
     ensure_data(preset, specs[0].cfg)
-    jobs = resolve_jobs(jobs, specs, launcher, "sweep")  # auto on a GPU: from the runs' memory
-    failed = run_all(specs, load_experiment(experiment), jobs, out, states, launcher, "sweep")
+    jobs = resolve_jobs(jobs, specs, launcher, "sweep", stack)  # auto on a GPU: from memory
+    failed = run_all(specs, load_experiment(experiment), jobs, out, states, launcher, "sweep",
+                     stack)
     if failed:
         print(f"sweep: {len(failed)} run(s) failed: {', '.join(failed)} (see their train.log; "
               f"run the command again to retry); no lr chosen", file=sys.stderr)
