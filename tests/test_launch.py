@@ -89,7 +89,9 @@ def test_jobs_auto_on_a_gpu_is_what_memory_and_cores_allow():
     """--jobs auto on a GPU: the runs one GPU takes at once, bounded by 90% of its memory
     over the largest run's estimate, by the cores (a core per thread per run, shared by the
     GPUs), and by the number of runs; at least 1."""
-    from nlq.experiments.runner import auto_gpu_jobs
+    from pathlib import Path
+
+    from nlq.experiments.runner import RunSpec, auto_gpu_jobs
 
     gib = 2 ** 30
     small = load_config("small", {"model.block_size": 256, "train.micro_batch": 8})
@@ -103,8 +105,11 @@ def test_jobs_auto_on_a_gpu_is_what_memory_and_cores_allow():
     assert auto_gpu_jobs(mixed, 1, 64, 140 * gib) == int(0.9 * 140 * gib // need)
     assert auto_gpu_jobs([spec(big)] * 4, 1, 64, need // 2) == 1  # at least 1
     assert auto_gpu_jobs([spec(small, threads=4)] * 40, 1, 16, 140 * gib) == 4
-    # stacks of K: a process holds K runs' memory, and 40 runs make ceil(40 / K) processes
-    assert auto_gpu_jobs(specs, 1, 16, 140 * gib, stack=8) == 5
+    # stacks of K: a process holds K runs' memory, and 40 seeds of one config make
+    # ceil(40 / K) processes
+    seeds = [RunSpec("linear", k, small.replace(**{"train.seed": k}), Path(f"r{k}"))
+             for k in range(40)]
+    assert auto_gpu_jobs(seeds, 1, 16, 140 * gib, stack=8) == 5
     assert auto_gpu_jobs([spec(big)] * 64, 1, 64, 140 * gib, stack=4) == int(
         0.9 * 140 * gib // (4 * need))
 

@@ -17,7 +17,6 @@ of the same cause stops that command with one line naming the run and the cause.
 from __future__ import annotations
 
 import json
-import math
 import shutil
 import signal
 import sys
@@ -119,7 +118,8 @@ def auto_gpu_jobs(specs: list[RunSpec], n_gpus: int, cores: int, total_bytes: in
     need = max(estimate(s.cfg, torch.device("cuda")).total for s in specs) * stack
     by_memory = int(0.9 * total_bytes // need)
     by_cores = cores // (max(s.threads for s in specs) * max(1, n_gpus))
-    return max(1, min(by_memory, by_cores, math.ceil(len(specs) / stack)))
+    processes = len(stack_groups([(s, "new") for s in specs], stack))
+    return max(1, min(by_memory, by_cores, processes))
 
 
 def resolve_jobs(jobs: int | None, specs: list[RunSpec], launcher: LauncherSpec,
