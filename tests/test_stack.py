@@ -136,6 +136,17 @@ def test_a_diverged_member_leaves_the_others_unchanged(runs, tmp_path, monkeypat
     assert [r["step"] for r in metrics(dirs[1], "train")] == [1, 2, 3]
 
 
+def test_a_bf16_stack_trains_as_bf16_lone_runs(tmp_path_factory, tmp_path):
+    """Under bf16 autocast (the GPU's precision; here on the CPU) the stacked step runs and
+    its first losses are the lone runs' to bf16 rounding."""
+    cfgs = member_cfgs(shared_data(tmp_path_factory), **{
+        "train.precision": "bf16", "train.max_steps": 2, "train.test_eval": False})
+    train_stack(cfgs, [tmp_path / "s0", tmp_path / "s1"], progress=False)
+    train(cfgs[1], tmp_path / "lone1", progress=False)
+    a, b = metrics(tmp_path / "s1", "train"), metrics(tmp_path / "lone1", "train")
+    assert [r["loss"] for r in a] == pytest.approx([r["loss"] for r in b], rel=2e-2)
+
+
 @pytest.mark.parametrize("key, value, named", [
     ("train.lr", 3e-3, "train.lr"),
     ("model.d_model", 48, "model.d_model"),

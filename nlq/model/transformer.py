@@ -100,6 +100,12 @@ class Attention(nn.Module):
     def forward(self, x, mask=None, is_causal=False, rope=None):
         B, T, C = x.shape
         q, k, v = self.heads(x, rope)
+        if torch.is_autocast_enabled(x.device.type):
+            # what autocast does to attention's inputs, done here because under torch.func.vmap
+            # (seeds trained as one stacked model, nlq/train/stack.py) autocast never reaches
+            # it: the nonlinear query's fp32 sum would meet bf16 keys
+            dt = torch.get_autocast_dtype(x.device.type)
+            q, k, v = q.to(dt), k.to(dt), v.to(dt)
         y = F.scaled_dot_product_attention(
             q, k, v, attn_mask=mask, is_causal=is_causal, scale=self.scale,
             dropout_p=self.dropout if self.training else 0.0, enable_gqa=self.nkv != self.nh,
