@@ -144,7 +144,7 @@ def test_a_bf16_stack_trains_as_bf16_lone_runs(tmp_path_factory, tmp_path):
     train_stack(cfgs, [tmp_path / "s0", tmp_path / "s1"], progress=False)
     train(cfgs[1], tmp_path / "lone1", progress=False)
     a, b = metrics(tmp_path / "s1", "train"), metrics(tmp_path / "lone1", "train")
-    assert [r["loss"] for r in a] == pytest.approx([r["loss"] for r in b], rel=2e-2)
+    assert [r["loss"] for r in a] == pytest.approx([r["loss"] for r in b], rel=2e-3)
 
 
 @pytest.mark.parametrize("key, value, named", [

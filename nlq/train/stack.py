@@ -16,7 +16,11 @@ the sum of the members' losses with respect to member k's weights is that of los
 is elementwise and the grad clip is taken per member, as `nlq train` takes it. What is not
 bitwise a lone run's: float summation order (batched matrix products, the plain model
 instead of the CPU kernels of nlq/model/fast.py): the rounding-level noise a study measures
-between machines, so a study trains a rung's runs all stacked or none.
+between machines, so a study trains a rung's runs all stacked or none. Under bf16 autocast
+(a GPU's precision) autocast's fp32 policy does not reach ops under vmap: the loss is widened
+to fp32 here (as autocast widens a lone run's), attention casts its inputs itself
+(nlq/model/transformer.py), and a norm of a bf16 input (the nonlinear query's output
+LayerNorm, QK-norm) runs in bf16 where CUDA autocast would run it in fp32.
 
 The step boundary (eval, checkpoint, stop) and the final summary are nlq/train/loop.py's,
 member by member: eval and the test split run one member at a time through a view of its
@@ -34,6 +38,7 @@ import time
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 from torch.func import functional_call, stack_module_state, vmap
 
 from nlq.config import Config
@@ -140,10 +145,16 @@ class Stack:
         return len(self.members)
 
     def _loss(self, params: dict, buffers: dict, x: torch.Tensor, y: torch.Tensor):
-        """One member's mean loss on (B, T) inputs and targets (vmap maps it over K)."""
+        """One member's mean loss on (B, T) inputs and targets (vmap maps it over K): the
+        model's logits, the cross-entropy over the targets that carry a loss (-1: none) in
+        fp32. Widened here because autocast's fp32 ops never run under vmap (checked on CPU:
+        cross-entropy of bf16 logits stayed bf16), where a lone run's loss is fp32."""
         prefix_len = self.members[0].batches.prefix_len
-        return functional_call(self.base, (params, buffers), (x, y),
-                               {"prefix_len": prefix_len})[1]
+        logits, _ = functional_call(self.base, (params, buffers), (x,),
+                                    {"prefix_len": prefix_len})  # (B, T, V)
+        nats = F.cross_entropy(logits.float().flatten(0, 1), y.flatten(),  # (B*T, V), (B*T,)
+                               ignore_index=-1, reduction="sum")
+        return nats / (y != -1).sum().clamp(min=1)
 
     # -- checkpoints: a lone run's state dicts, member by member ---------------------------
     def load_member(self, run: Run, model_sd: dict, optim_sd: dict) -> None:
