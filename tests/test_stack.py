@@ -114,7 +114,7 @@ def test_a_diverged_member_leaves_the_others_unchanged(runs, tmp_path, monkeypat
     import torch
 
     from nlq.train.loop import Diverged
-    from nlq.train.stack import Stack
+    from nlq.train.stacked import Stack
 
     cfgs, stacked, _, summaries, _ = runs
     step = Stack.step
