@@ -12,8 +12,8 @@ per process. Medians over --repeats, alternating lone and stacks within each rep
 
 Expected: on a CPU a stack is no faster (a small model's step is compute-bound there, and
 vmap runs CPU attention seed by seed); on a GPU a small model's step is launch-bound (the
-d=256 rung's step took 6.5-9.3 ms for 2,048 tokens, MFU < 1%: RESULTS.md, the GPU section) and a stack of K runs its
-kernels once for K seeds.
+study's d=256 rung took 6.5-9.3 ms a step of 2,048 tokens alone, MFU < 1%: RESULTS.md, the
+GPU section) and a stack of K runs its kernels once for K seeds.
 
 Usage: python benchmarks/stack_bench.py [--rung S0] [--stacks 2,4] [--steps 100]
        [--repeats 3] [--allow-dirty] [--results-dir DIR]

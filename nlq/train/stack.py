@@ -2,10 +2,11 @@
 
 Legend: K members (runs), B micro_batch, T block_size, P a parameter's own shape.
 Why: a small model is launch-bound on a GPU (the study's d=256 rung: 6.5-9.3 ms a step of
-2,048 tokens on an H200, MFU < 1%, benchmarks/RESULTS.md, the GPU section): one step of one seed costs about what one step of K seeds costs when
-the K seeds' weights are stacked, (K, *P), and every op of the step runs once over all of
-them. torch.func.vmap over functional_call runs the plain model that way (the model code is
-unchanged and knows nothing of it); this module keeps the rest of a run per member.
+2,048 tokens on an H200, MFU < 1%, benchmarks/RESULTS.md, the GPU section): one step of one
+seed costs about what one step of K seeds costs when the K seeds' weights are stacked,
+(K, *P), and every op of the step runs once over all of them. torch.func.vmap over
+functional_call runs the plain model that way (the model code is unchanged and knows nothing
+of it); this module keeps the rest of a run per member.
 
 Each member is an ordinary run: its own run dir, config.toml, metrics.jsonl, checkpoints in
 a lone run's format (`nlq train --resume DIR` continues one member alone) and summary.json,
