@@ -293,8 +293,9 @@ def run_all(specs: list[RunSpec], exp, jobs: int, out: Path,
                 log = open_log(g[0].run_dir / runfiles.TRAIN_LOG)
                 for s in g[1:]:
                     with open_log(s.run_dir / runfiles.TRAIN_LOG) as note:
+                        first = g[0].run_dir / runfiles.TRAIN_LOG
                         note.write(f"{command}: trained as one stack with {len(g) - 1} other "
-                                   f"run(s); the output is in {g[0].run_dir / runfiles.TRAIN_LOG}\n")
+                                   f"run(s); the output is in {first}\n")
                 running.append(launch.start(g, cmd, log, g[0].threads, running))
             time.sleep(0.5)
             for job in list(running):

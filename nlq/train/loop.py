@@ -296,7 +296,8 @@ def train_step(run: Run, step: int) -> tuple[float, float, float]:
 def save_checkpoint(run: Run, pos: Position, state_dicts: tuple[dict, dict] | None = None) -> None:
     """Full weights and AdamW state (gathering them is a collective under FSDP) with the
     position, written by rank 0 (nlq/run/checkpoint.py). state_dicts: the full (model,
-    optimizer) state dicts where the caller has them (a stacked run's member, nlq/train/stack.py)."""
+    optimizer) state dicts where the caller has them (a stacked run's member,
+    nlq/train/stacked.py)."""
     model_sd, optim_sd = state_dicts or dist.full_state(run.wrapped, run.optimizer)
     if not run.world.main:
         return
