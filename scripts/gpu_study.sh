@@ -10,7 +10,10 @@
 # bpe:512`, or carried). Environment: NLQ_GPU_S (training seconds, default 420), NLQ_JOBS
 # (default auto), NLQ_STUDY (the working study, default out/study), NLQ_FROM (the committed
 # study it starts from when NLQ_STUDY does not exist yet, default results/study; its finished
-# runs are not trained again), NLQ_STUDY_ARGS (more `nlq study` arguments, e.g. --ladder).
+# runs are not trained again), NLQ_STUDY_ARGS (more `nlq study` arguments, e.g. --ladder),
+# NLQ_STACK_BENCH=STEPS (first, at most 180 s: benchmarks/stack_bench.py on the first rung's
+# shape, stacks of 4 and 8 against a lone run, its JSON and log into DIR; a tree without .git
+# needs NLQ_BENCH_COMMIT=<the commit it is>).
 # Writes DIR/study.tgz (the exported study: every rung's finished runs and reports, no
 # checkpoints) and DIR/study.log (the end of the study's output). Back on the machine that
 # commits: `tar -xzf study.tgz -C /tmp && cp -a /tmp/study/. results/study/`.
@@ -28,6 +31,12 @@ if [ ! -d "$STUDY" ] && [ -d "$FROM" ]; then
     mkdir -p "$(dirname "$STUDY")" && cp -r "$FROM" "$STUDY"
 fi
 command -v nvidia-smi > /dev/null && nvidia-smi --query-gpu=name,memory.total --format=csv
+if [ -n "${NLQ_STACK_BENCH:-}" ]; then
+    timeout --signal=TERM 180 "$PY" benchmarks/stack_bench.py --rung "${RUNGS%%,*}" \
+        --stacks 4,8 --steps "$NLQ_STACK_BENCH" --repeats 1 --results-dir "$OUT_DIR" \
+        > "$OUT_DIR/stack_bench.log" 2>&1
+    grep -a -v "^step " "$OUT_DIR/stack_bench.log" | tail -n 6
+fi
 # shellcheck disable=SC2086  # NLQ_STUDY_ARGS is a list of arguments
 timeout --signal=TERM --kill-after=120 "$LIMIT" "$PY" -m nlq study --rungs "$RUNGS" \
     --out "$STUDY" --jobs "${NLQ_JOBS:-auto}" --export "$OUT_DIR/study" ${NLQ_STUDY_ARGS:-} \
