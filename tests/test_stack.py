@@ -181,3 +181,41 @@ def test_cli_trains_several_configs_as_a_stack(tmp_path_factory, tmp_path, capsy
     lines = [json.loads(x) for x in capsys.readouterr().out.strip().splitlines()[-2:]]
     assert [x["step"] for x in lines] == [3, 3] and all(x["stack"] == 2 for x in lines)
     assert nlq_main(["train", "--resume", *map(str, outs), "--no-progress"]) == 0
+
+
+@pytest.mark.slow
+def test_a_signal_stops_the_stack_at_one_boundary(tmp_path_factory, tmp_path):
+    """SIGTERM to a stacked `nlq train`: every member checkpoints at the same step and says
+    so; `nlq train --resume A B` then ends where the uninterrupted stack ended, bitwise."""
+    import os
+    import signal
+
+    from helpers import kill_group, n_rows, nlq_cmd, ok, popen_group, wait_for
+
+    data = shared_data(tmp_path_factory)
+    cfgs = [tiny_config(data, **{"model.d_model": 64, "model.n_layer": 2, "model.block_size": 32,
+                                 "train.micro_batch": 8, "train.max_steps": 300,
+                                 "train.ckpt_interval": 100, "train.eval_interval": 100,
+                                 "train.seed": 3 + k, "data.seed": 7 + k})
+            for k in range(2)]
+    paths = [str(write_config(tmp_path / f"c{k}.toml", c)) for k, c in enumerate(cfgs)]
+    ref = [tmp_path / "ref0", tmp_path / "ref1"]
+    train_stack(cfgs, ref, progress=False)
+    runs = [tmp_path / "r0", tmp_path / "r1"]
+    proc = popen_group(nlq_cmd("train", *paths, "--out", *runs, "--no-progress"))
+    try:
+        wait_for(lambda: n_rows(runs[1], "train") >= 5, what="training to start")
+        os.kill(proc.pid, signal.SIGTERM)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        kill_group(proc)
+    assert proc.returncode == 0, err
+    steps = {json.loads(x)["step"] for x in out.strip().splitlines()[-2:]}
+    assert len(steps) == 1 and 5 <= (k := steps.pop()) < 300
+    assert f"stopped by signal {int(signal.SIGTERM)} at step {k}" in err
+    for r in runs:
+        assert (r / "ckpt" / "latest").read_text().strip() == f"step_{k:06d}"
+    ok(helpers.nlq("train", "--resume", *runs, "--no-progress"))
+    for r, d in zip(runs, ref):
+        assert untimed(metrics(r)) == untimed(metrics(d))
+        assert_same_final(r, d)
