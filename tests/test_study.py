@@ -13,7 +13,7 @@ from nlq.experiments.study import load_ladder, widen
 from nlq.experiments.sweep import check_grid
 
 
-def toy_ladder(tmp_path, d_model_b: int = 48) -> tuple:
+def toy_ladder(tmp_path, d_model_b: int = 48, stack: int = 1) -> tuple:
     exp, _ = mini_setting(tmp_path)  # the mini experiment and its data
     sets = dict(s.split("=", 1) for s in SETS + [f'data.dir="{tmp_path / "data"}"'])
     def table(extra):
@@ -28,6 +28,7 @@ set = {table({})}
 lrs = [1e-3, 2e-3, 4e-3]
 sweep_seeds = 2
 seeds = 2
+stack = {stack}
 [rungs.B]
 preset = "tiny"
 set = {table({"model.d_model": d_model_b})}
@@ -310,17 +311,20 @@ def test_study_md_gives_each_preregistered_pair_with_or_without_a_verdict(tmp_pa
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("limit_s", [20, 900])
-def test_gpu_study_script_packs_every_finished_run_when_stopped_or_done(tmp_path, limit_s):
+@pytest.mark.parametrize("limit_s, stack", [(20, 1), (900, 1), (20, 2)])
+def test_gpu_study_script_packs_every_finished_run_when_stopped_or_done(tmp_path, limit_s,
+                                                                         stack):
     """scripts/gpu_study.sh (a GPU loan's share of the study) on a toy CPU ladder: stopped by
     its time limit mid-study, or left to finish, it exits 0 and its study.tgz holds exactly the
-    runs the working study finished; a second loan continues the same working study."""
+    runs the working study finished; a second loan continues the same working study. With
+    stack = 2 (as the GPU rungs stack their seeds) the stacks stop and continue alike."""
     import subprocess
     import tarfile
 
     from helpers import PY, ROOT, env
 
-    ladder, study_dir, loan = toy_ladder(tmp_path), tmp_path / "study", tmp_path / "loan"
+    ladder, study_dir, loan = (toy_ladder(tmp_path, stack=stack), tmp_path / "study",
+                               tmp_path / "loan")
     e = env(OUT=loan, NLQ_GPU_S=limit_s, NLQ_JOBS=2, NLQ_STUDY=study_dir, PYTHON=PY,
             NLQ_FROM=tmp_path / "no-committed-study", NLQ_STUDY_ARGS=f"--ladder {ladder}")
     p = subprocess.run(["bash", "scripts/gpu_study.sh", "A"], cwd=ROOT, env=e,
@@ -342,3 +346,5 @@ def test_gpu_study_script_packs_every_finished_run_when_stopped_or_done(tmp_path
                            capture_output=True, text=True, timeout=1500, check=False)
         assert p.returncode == 0 and "rc 0" in p.stdout, p.stdout + p.stderr
         assert (study_dir / "A" / "compare" / "report.json").is_file()
+        summaries = [json.loads(f.read_text()) for f in study_dir.rglob("summary.json")]
+        assert {s.get("stack", 1) for s in summaries} == {stack}
