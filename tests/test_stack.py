@@ -147,6 +147,33 @@ def test_a_bf16_stack_trains_as_bf16_lone_runs(tmp_path_factory, tmp_path):
     assert [r["loss"] for r in a] == pytest.approx([r["loss"] for r in b], rel=2e-3)
 
 
+def test_a_bf16_stack_runs_its_norms_in_fp32(tmp_path_factory, tmp_path, monkeypatch):
+    """Autocast's fp32 policy never runs under vmap: the stack widens every norm's input, so
+    the nonlinear query's output LayerNorm (fed by a bf16 product) and QK-norm compute in fp32,
+    as CUDA autocast computes them for a lone run."""
+    import torch
+
+    from nlq.train.stacked import Stack
+
+    seen = []
+    init = Stack.__init__
+
+    def spy(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        for name, m in self.base.named_modules():
+            if isinstance(m, torch.nn.LayerNorm) or type(m).__name__ == "RMSNorm":
+                m.register_forward_hook(lambda mod, a, out, n=name: seen.append((n, out.dtype)))
+
+    monkeypatch.setattr(Stack, "__init__", spy)
+    cfgs = member_cfgs(shared_data(tmp_path_factory), **{
+        "train.precision": "bf16", "train.max_steps": 1, "train.test_eval": False,
+        "train.eval_interval": 10})
+    train_stack(cfgs, [tmp_path / "s0", tmp_path / "s1"], progress=False)
+    names = {n for n, _ in seen}
+    assert any(n.endswith("q.out_norm") for n in names) and "ln_f" in names
+    assert {dt for _, dt in seen} == {torch.float32}
+
+
 @pytest.mark.parametrize("key, value, named", [
     ("train.lr", 3e-3, "train.lr"),
     ("model.d_model", 48, "model.d_model"),

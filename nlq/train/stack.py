@@ -20,8 +20,8 @@ instead of the CPU kernels of nlq/model/fast.py): the rounding-level noise a stu
 between machines, so a study trains a rung's runs all stacked or none. Under bf16 autocast
 (a GPU's precision) autocast's fp32 policy does not reach ops under vmap: the loss is widened
 to fp32 in Stack._loss (as autocast widens a lone run's), attention casts its inputs itself
-(nlq/model/transformer.py), and a norm of a bf16 input (the nonlinear query's output
-LayerNorm, QK-norm) runs in bf16 where CUDA autocast would run it in fp32.
+(nlq/model/transformer.py), and the norms widen their inputs to fp32 (as CUDA autocast runs
+layer_norm; the nonlinear query's output LayerNorm and QK-norm see bf16 inputs).
 
 The step boundary (eval, checkpoint, stop) and the final summary are nlq/train/loop.py's,
 member by member: eval and the test split run one member at a time through a view of its

@@ -26,6 +26,7 @@ from nlq.config.load import flatten
 from nlq.data.schedule import TokenData
 from nlq.errors import NlqError
 from nlq.model import Transformer
+from nlq.model.layers import RMSNorm
 from nlq.run.batches import Batches
 from nlq.run.world import World
 from nlq.train.loop import Diverged, lr_at
@@ -67,6 +68,17 @@ def check_stackable(cfgs: list[Config], names: list[str]) -> None:
                        "train them one by one there")
 
 
+def _widen(_module, args):
+    """A norm's input in fp32 under autocast, as CUDA autocast runs layer_norm (and rms_norm's
+    pow and rsqrt) in fp32 for a lone run: its fp32 policy never runs under vmap (a bf16
+    cross-entropy was seen there on CPU), so a stack widens a norm's input itself. (CPU autocast
+    leaves layer_norm in bf16 for a lone run: on a CPU in bf16 the stack's norms are wider.)"""
+    x = args[0]
+    if x.dtype in (torch.bfloat16, torch.float16) and torch.is_autocast_enabled(x.device.type):
+        return (x.float(), *args[1:])
+    return None
+
+
 class Member(torch.nn.Module):
     """Member k of a stack as a model: forward(...) is the plain model's, with member k's
     weights (views of the stacked tensors). What eval, the test split and the attention
@@ -100,6 +112,9 @@ class Stack:
         with torch.device("meta"):
             self.base = Transformer(cfgs[0].model, seed=cfgs[0].train.seed)
         self.base.chunked_loss = False  # the plain loss: vmap cannot batch the chunked one
+        for m in self.base.modules():
+            if isinstance(m, (torch.nn.LayerNorm, RMSNorm)):
+                m.register_forward_pre_hook(_widen)
         counts = {"params_total": models[0].num_params(),
                   "params_non_embedding": models[0].num_params(non_embedding=True)}
         self.optimizer = make_optimizer(models[0], t, device, self.params)
