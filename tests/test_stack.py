@@ -246,3 +246,29 @@ def test_a_signal_stops_the_stack_at_one_boundary(tmp_path_factory, tmp_path):
     for r, d in zip(runs, ref):
         assert untimed(metrics(r)) == untimed(metrics(d))
         assert_same_final(r, d)
+
+
+def test_every_study_arm_trains_stacked_as_alone(tmp_path_factory, tmp_path):
+    """Each arm of the study's experiment (QK-norm, a normalised linear query, f without its
+    LayerNorm, a wider MLP) runs under vmap: 3 stacked steps of two seeds give the lone
+    runs' losses."""
+    from nlq.experiments.experiment import experiment_arms, load_experiment
+
+    data = shared_data(tmp_path_factory)
+    tiny = tiny_config(data)
+    sets = {"model.vocab_size": tiny.model.vocab_size, "model.block_size": 16,
+            "model.n_layer": 1, "model.n_head": 2, "model.d_model": 32, "model.mlp_hidden": 64,
+            "train.micro_batch": 4, "train.grad_accum": 1, "train.max_steps": 3,
+            "train.warmup_steps": 1, "train.eval_interval": 3, "train.eval_batches": 1,
+            "train.test_eval": False, "train.device": "cpu", "data.dir": str(data),
+            "model.dropout": 0.0}
+    exp = load_experiment("strong-baseline")
+    for arm, cfg in experiment_arms(exp, "tiny", sets).items():
+        cfgs = [cfg.replace(**{"train.seed": k, "data.seed": 7 + k}) for k in range(2)]
+        dirs = [tmp_path / arm / f"s{k}" for k in range(2)]
+        train_stack(cfgs, dirs, progress=False)
+        lone = train(cfgs[1], tmp_path / arm / "lone1", progress=False)
+        a, b = metrics(dirs[1], "train"), metrics(tmp_path / arm / "lone1", "train")
+        assert [r["loss"] for r in a] == pytest.approx([r["loss"] for r in b], rel=1e-4), arm
+        assert json.loads((dirs[1] / "summary.json").read_text())["val_loss"] == \
+            pytest.approx(lone["val_loss"], rel=1e-4), arm
