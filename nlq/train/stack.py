@@ -24,9 +24,9 @@ to fp32 in Stack._loss (as autocast widens a lone run's), attention casts its in
 layer_norm; the nonlinear query's output LayerNorm and QK-norm see bf16 inputs).
 
 The step boundary (eval, checkpoint, stop) and the final summary are nlq/train/loop.py's,
-member by member: eval and the test split run one member at a time through a view of its
-weights; only the training step is stacked (the stacked weights and step:
-nlq/train/stacked.py).
+member by member; the training step and the val loss run stacked (nlq/train/stacked.py),
+the test split and the attention logits' range one member at a time through a view of its
+weights.
 """
 
 from __future__ import annotations
@@ -44,7 +44,6 @@ from nlq.data.schedule import TokenData
 from nlq.errors import NlqError
 from nlq.model.params import flops_per_token
 from nlq.run import checkpoint, memory
-from nlq.run.scoring import evaluate
 from nlq.train import alloc, dist
 from nlq.train.console import PlainLog, peak_memory_mb, progress_bar, stop_on_signals
 from nlq.train.loop import Diverged, finish, save_checkpoint, start
@@ -150,8 +149,7 @@ def _train(stack: Stack, resume: bool, progress: bool) -> list[dict | None]:
             last = pos.step >= t.max_steps
             due = boundary and (pos.step % t.eval_interval == 0 or last)
             if due or (last and not boundary):  # the latter: resumed from the final checkpoint
-                vals = {k: evaluate(m.wrapped, m.batches, m.world, m.autocast)
-                        for k, m in live()}
+                vals = dict(enumerate(stack.evaluate()))  # a diverged member's is not used
             if due:
                 for k, m in live():
                     m.files.log({"kind": "eval", "step": pos.step, "val_loss": vals[k][0],

@@ -134,17 +134,39 @@ class Stack:
     def K(self) -> int:
         return len(self.members)
 
-    def _loss(self, params: dict, buffers: dict, x: torch.Tensor, y: torch.Tensor):
-        """One member's mean loss on (B, T) inputs and targets (vmap maps it over K): the
+    def _nats(self, params: dict, buffers: dict, x: torch.Tensor, y: torch.Tensor):
+        """One member's sum of nats on (B, T) inputs and targets (vmap maps it over K): the
         model's logits, the cross-entropy over the targets that carry a loss (-1: none) in
         fp32. Widened here because autocast's fp32 ops never run under vmap (checked on CPU:
         cross-entropy of bf16 logits stayed bf16), where a lone run's loss is fp32."""
         prefix_len = self.members[0].batches.prefix_len
         logits, _ = functional_call(self.base, (params, buffers), (x,),
                                     {"prefix_len": prefix_len})  # (B, T, V)
-        nats = F.cross_entropy(logits.float().flatten(0, 1), y.flatten(),  # (B*T, V), (B*T,)
+        return F.cross_entropy(logits.float().flatten(0, 1), y.flatten(),  # (B*T, V), (B*T,)
                                ignore_index=-1, reduction="sum")
-        return nats / (y != -1).sum().clamp(min=1)
+
+    def _loss(self, params: dict, buffers: dict, x: torch.Tensor, y: torch.Tensor):
+        """One member's mean loss: _nats over the targets that carry a loss."""
+        return self._nats(params, buffers, x, y) / (y != -1).sum().clamp(min=1)
+
+    @torch.no_grad()
+    def evaluate(self) -> list[tuple[float, float]]:
+        """Each member's (val loss, val perplexity), as nlq/run/scoring.py's evaluate gives a
+        lone run's (its sum of nats over its fixed val windows' target tokens, summed in
+        float64), with the members' chunks stacked, (K, B, T): one vmapped forward a chunk
+        instead of K (members have val windows of their own: data.seed draws them)."""
+        m0 = self.members[0]
+        nats = torch.zeros(self.K, dtype=torch.float64, device=m0.device)
+        count = torch.zeros(self.K, dtype=torch.float64, device=m0.device)
+        self.base.eval()
+        for i in range(m0.batches.val.shape[0]):
+            xs, ys = zip(*(m.batches.val_chunk(i) for m in self.members))
+            x, y = torch.stack(xs), torch.stack(ys)  # (K, B, T) each
+            with m0.autocast:
+                nats += vmap(self._nats)(self.params, self.buffers, x, y).double()  # (K,)
+            count += (y >= 0).sum((1, 2))
+        self.base.train()
+        return [(v, math.exp(min(v, 700.0))) for v in (nats / count).tolist()]
 
     # -- checkpoints: a lone run's state dicts, member by member ---------------------------
     def load_member(self, run: Run, model_sd: dict, optim_sd: dict) -> None:
