@@ -208,6 +208,12 @@ def test_cli_trains_several_configs_as_a_stack(tmp_path_factory, tmp_path, capsy
     lines = [json.loads(x) for x in capsys.readouterr().out.strip().splitlines()[-2:]]
     assert [x["step"] for x in lines] == [3, 3] and all(x["stack"] == 2 for x in lines)
     assert nlq_main(["train", "--resume", *map(str, outs), "--no-progress"]) == 0
+    # one config, stacked: the recipe of a stacked rung for a seed left on its own
+    capsys.readouterr()
+    assert nlq_main(["train", str(paths[0]), "--out", str(tmp_path / "one"), "--stacked",
+                     "--no-progress"]) == 0
+    one = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert one["stack"] == 1 and one["val_loss"] == lines[0]["val_loss"]
 
 
 @pytest.mark.slow

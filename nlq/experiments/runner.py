@@ -259,6 +259,8 @@ def run_all(specs: list[RunSpec], exp, jobs: int, out: Path,
             cmd = ["train", *(str(out / "configs" / s.config_name) for s in g), "--out", *dirs]
         else:
             cmd = ["train", "--resume", *dirs]
+        if stack > 1:  # a seed left on its own keeps the stacked recipe
+            cmd.append("--stacked")
         groups.append((g, cmd))
     total = sum(s.cfg.train.max_steps for s, _ in todo)
     done_steps = {s.run_dir: _last_step(s.run_dir) for s, _ in todo}

@@ -187,7 +187,8 @@ class TrainRun:
 
     def command(self) -> list[str]:
         if (Path(self.cwd) / self.run_dir / runfiles.CONFIG).is_file():
-            return ["train", "--resume", self.run_dir, *self.also]
+            stacked = ["--stacked"] if "--stacked" in self.cmd else []
+            return ["train", "--resume", self.run_dir, *self.also, *stacked]
         return self.cmd
 
     def __call__(self) -> int:

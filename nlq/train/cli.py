@@ -30,6 +30,9 @@ def add_arguments(p) -> None:
     p.add_argument("--resume", nargs="+", metavar="RUN_DIR",
                    help="continue the run in RUN_DIR exactly where its last checkpoint left it "
                         "(several: a stack's runs, together)")
+    p.add_argument("--stacked", action="store_true",
+                   help="train as a stack even one config (the stacked recipe: the plain model "
+                        "under vmap), as a study's stacked rung trains a seed left on its own")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
@@ -56,7 +59,7 @@ def run(args) -> int:
         cfgs = [load_config(c, sets) for c in args.config]
         run_dirs = [Path(d) for d in args.out or [f"runs/{Path(c).stem}" for c in args.config]]
     # tune_alloc: no page faults on per-step CPU buffers (nlq/train/alloc.py)
-    if len(run_dirs) > 1:
+    if len(run_dirs) > 1 or args.stacked:
         from nlq.train.stack import train_stack
 
         summaries = train_stack(cfgs, run_dirs, resume=bool(args.resume),

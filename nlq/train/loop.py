@@ -252,7 +252,7 @@ def start(run: Run, resume: bool, load=None) -> tuple[Position, bool]:
             run.files.open_wandb(cfg.train.wandb_project, cfg.to_dict())
         if fresh:
             init = {"init_from": run.init} if run.init else {}
-            stack = {"stack": run.stack} if run.stack > 1 else {}
+            stack = {"stack": run.stack} if run.stack else {}
             run.files.log({"kind": "meta", "step": 0, **run.params, "nlq_version": __version__,
                            "world_size": world.size, "device": str(run.device),
                            **machine_record(), **init, **stack})
@@ -326,7 +326,7 @@ def finish(run: Run, pos: Position, val_loss: float, val_ppl: float) -> dict:
                # same ISA at the same thread count (a resumed run: where it finished)
                **machine_record(),
                "n_spikes": len(run.spikes.found), "spikes": run.spikes.found}
-    if run.stack > 1:  # trained with stack - 1 other seeds as one model (nlq/train/stack.py)
+    if run.stack:  # trained in a stack of that many seeds as one model (nlq/train/stack.py)
         summary["stack"] = run.stack
     if run.cfg.train.test_eval:
         docs = evaluate_test(run.wrapped, run.batches, run.world, run.autocast)

@@ -37,7 +37,8 @@ class Run:
     spikes: Spikes  # the spike detector (nlq/train/spikes.py), restored on resume
     init: dict | None = None  # what train.init_from loaded at step 0, for the meta row
     depends: dict | None = None  # what checkpoints record and a resume checks (rank 0)
-    stack: int = 1  # runs trained together as one stacked model (nlq/train/stack.py)
+    # the runs trained together as one stacked model (nlq/train/stack.py); 0: trained alone
+    stack: int = 0
 
 
 def set_up(cfg: Config, files: RunDir, world: World, device: torch.device,
