@@ -210,6 +210,13 @@ def test_stacked_seeds_are_the_lone_runs(experiment):
     bad = nlq("reproduce", "--experiment", exp, "--seeds", "2", "--out", tmp / "x", "--stack",
               "0", *sets)
     assert_user_error(bad, "--stack")
+    # a plan's runs are all stacked or all alone: either mix is refused, nothing written
+    before = snapshot(stacked / "runs")
+    for where, extra, how in ((stacked, [], "trained stacked"),
+                              (out, ["--stack", "2"], "trained alone")):
+        p = nlq("reproduce", "--experiment", exp, "--seeds", "2", "--out", where, *extra, *sets)
+        assert_user_error(p, how)
+    assert snapshot(stacked / "runs") == before
 
 
 def test_second_invocation_trains_nothing(experiment):

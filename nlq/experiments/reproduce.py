@@ -173,7 +173,7 @@ def reproduce(experiment: str, preset: str, seeds: int, arm_names: list[str] | N
     if lrs_from is not None:  # each arm at the lr its sweep chose on val
         lrs = read_sweep_lrs(lrs_from, preset, sets, sorted({s.arm for s in specs}))
         specs = with_lrs(specs, lrs["lrs"])
-    states = run_states(specs)  # a run dir of another config is refused before any write
+    states = run_states(specs, stack=stack)  # another config's run dir: refused, no write
     cost_only = preset == "gpt3-small" and not torch.cuda.is_available() and not force
     if not cost_only:  # a config that cannot fit is refused before any write, too
         from nlq.run.memory import check_fits

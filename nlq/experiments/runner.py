@@ -139,10 +139,32 @@ def resolve_jobs(jobs: int | None, specs: list[RunSpec], launcher: LauncherSpec,
     return jobs
 
 
-def run_states(specs: list[RunSpec], command: str = "reproduce") -> dict[Path, str]:
+def run_states(specs: list[RunSpec], command: str = "reproduce",
+               stack: int = 1) -> dict[Path, str]:
     """Each planned run's state (_run_state), every one checked before anything is written:
-    a command that is refused leaves OUT as it was. command: the name messages start with."""
-    return {s.run_dir: _run_state(s, command) for s in specs}
+    a command that is refused leaves OUT as it was. command: the name messages start with.
+    stack: the plan's --stack; a run trained the other way (stacked or alone) is refused,
+    since the two sum their floats in other orders (nlq/train/stack.py)."""
+    states = {s.run_dir: _run_state(s, command) for s in specs}
+    for s in specs:
+        was = _trained_stacked(s.run_dir) if states[s.run_dir] != "new" else None
+        if was is not None and was != (stack > 1):
+            how = "stacked" if was else "alone"
+            now = f"--stack {stack}" if stack > 1 else "alone (no --stack)"
+            raise NlqError(f"{s.run_dir} was trained {how}, and this command trains {now}: a "
+                           f"plan's runs are all stacked or all alone (they sum floats in "
+                           f"other orders); use the same --stack, or another --out")
+    return states
+
+
+def _trained_stacked(run_dir: Path) -> bool | None:
+    """Whether a run was trained in a stack: its meta row's "stack" (None: no meta row)."""
+    try:
+        with open(run_dir / runfiles.METRICS, encoding="utf-8") as f:
+            first = json.loads(f.readline())
+    except (OSError, ValueError):
+        return None
+    return bool(first.get("stack")) if isinstance(first, dict) else None
 
 
 def _run_state(spec: RunSpec, command: str = "reproduce") -> str:
@@ -236,7 +258,7 @@ def run_all(specs: list[RunSpec], exp, jobs: int, out: Path,
     job of the launcher), its output in the first one's train.log."""
     from tqdm import tqdm
 
-    states = states or run_states(specs, command)
+    states = states or run_states(specs, command, stack)
     todo = []
     for s in specs:
         state = states[s.run_dir]

@@ -216,7 +216,7 @@ def sweep(experiment: str, preset: str, arms: list[str] | None, lrs: list[float]
             raise NlqError(f"{out} holds a sweep with another plan ({', '.join(diff)}: "
                            f"{before.get(diff[0])!r}, now {meta[diff[0]]!r}): use another --out "
                            f"(its runs are kept)")
-    states = run_states(specs, "sweep")  # another config's run dir: refused before any write
+    states = run_states(specs, "sweep", stack)  # another config's run dir: refused, no write
     out.mkdir(parents=True, exist_ok=True)
     write_atomic(plan_path, json.dumps(meta, indent=2))
     (out / "configs").mkdir(exist_ok=True)
