@@ -158,13 +158,20 @@ def run_states(specs: list[RunSpec], command: str = "reproduce",
 
 
 def _trained_stacked(run_dir: Path) -> bool | None:
-    """Whether a run was trained in a stack: its meta row's "stack" (None: no meta row)."""
+    """Whether a run was trained in a stack: its summary's "stack", else its meta row's (None:
+    neither is there)."""
+    summary, _ = read_summary(run_dir)
+    if summary is not None:
+        return bool(summary.get("stack"))
     try:
         with open(run_dir / runfiles.METRICS, encoding="utf-8") as f:
-            first = json.loads(f.readline())
+            for line in f:
+                row = json.loads(line)
+                if isinstance(row, dict) and row.get("kind") == "meta":
+                    return bool(row.get("stack"))
     except (OSError, ValueError):
-        return None
-    return bool(first.get("stack")) if isinstance(first, dict) else None
+        pass
+    return None
 
 
 def _run_state(spec: RunSpec, command: str = "reproduce") -> str:
