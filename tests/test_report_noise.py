@@ -260,3 +260,18 @@ def test_attention_logit_ranges_recomputed_by_hand(tmp_path):
     md = (tmp_path / "r" / "report.md").read_text()
     assert "## Attention logits at the end of training" in md
     assert f"| nonlinear | 3 | {rows['nonlinear']['max_abs_mean']:.2f} |" in md
+
+
+def test_replicates_are_listed_seed_by_seed_whatever_the_order_of_the_run_dirs(tmp_path):
+    """`nlq reproduce` hands the report its runs seed by seed, `nlq report DIR` finds them arm
+    by arm: the same replicates, in the same order (seed, then the report's arm order)."""
+    exp = experiment(tmp_path / "exp")
+    for seed in (0, 1):
+        for arm in ("linear", "nonlinear"):
+            add_replicate(exp, arm, seed, 1.001)
+    dirs = sorted(p for p in (exp / "runs").glob("*/*") if p.is_dir())  # arm by arm
+    by_seed = sorted(dirs, key=lambda p: (p.name.split("-")[0], p.parent.name))
+    a = build_report(dirs, tmp_path / "a")["numerical_noise"]["replicates"]
+    b = build_report(by_seed, tmp_path / "b")["numerical_noise"]["replicates"]
+    assert [(x["arm"], x["seed"]) for x in a] == [(x["arm"], x["seed"]) for x in b]
+    assert [x["seed"] for x in a] == [0, 0, 1, 1]

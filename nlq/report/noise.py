@@ -84,6 +84,11 @@ def numerical_noise(by_arm: dict[str, list[Run]], replicates: list[Run], control
     out["measured"] = bool(used)
     if not used:
         return out
+    # seed by seed, arms in the report's order: as `nlq reproduce` plans them, whatever order
+    # the run dirs came in (`nlq report` finds them folder by folder, arm by arm)
+    pos = {a: i for i, a in enumerate(by_arm)}
+    used = dict(sorted(used.items(), key=lambda kv: (str(kv[0][1]).zfill(12),
+                                                     pos.get(kv[0][0], len(pos)), str(kv[0][2]))))
     out["replicates"] = [
         {"arm": r.arm, "seed": r.seed, "run_dir": str(r.dir), "threads": tag,
          "primary_threads": prim[(a, s)].machine("threads"), "primary_loss": prim[(a, s)].final_loss,
