@@ -58,14 +58,28 @@ def evaluate_test(wrapped: torch.nn.Module, batches: Batches, world: World,
     documents' sums cut otherwise (tests/test_test_split.py); the test loss stays total nats
     over total tokens of the documents."""
     wrapped.eval()
+    try:
+        def score(x, y):  # (b, T) inputs and targets -> (1, b, T) losses
+            return wrapped(x, y, prefix_len=batches.prefix_len, reduction="none")[1][None]
+
+        return score_test(score, 1, batches, world, autocast, split)[0]
+    finally:
+        wrapped.train()
+
+
+def score_test(score, K: int, batches: Batches, world: World,
+               autocast: contextlib.AbstractContextManager, split: str = "test") -> list[dict]:
+    """evaluate_test for K models at once (a stack's members, nlq/train/stacked.py): score(x,
+    y) gives the K models' per-token losses (K, b, T) on (b, T) inputs and targets, -1 = no
+    target; one dict as evaluate_test's per model."""
     docs = batches.data.docs(split)  # `nlq eval --split` scores another split the same way
     windows, owner = doc_windows(docs, batches.T, int(batches.data.meta["eot_id"]))
     B, W, dev = batches.t.micro_batch, world.size, batches.device
     n_chunks = math.ceil(len(windows) / (B * W)) * W  # every rank runs as many forwards
-    nats = torch.zeros(len(docs), dtype=torch.float64, device=dev)
+    nats = torch.zeros(K, len(docs), dtype=torch.float64, device=dev)
     count = torch.zeros(len(docs), dtype=torch.float64, device=dev)
     # per scored slot of every window (16 bytes a test token): the chunks are cut from these
-    slot_nats = torch.zeros(len(windows), batches.T, dtype=torch.float64, device=dev)
+    slot_nats = torch.zeros(K, len(windows), batches.T, dtype=torch.float64, device=dev)
     slot_scored = torch.zeros(len(windows), batches.T, dtype=torch.float64, device=dev)
     for c in range(world.rank, n_chunks, W):
         w = windows[c * B:(c + 1) * B]  # (b, T+1), b <= B; empty for a padding chunk
@@ -73,26 +87,28 @@ def evaluate_test(wrapped: torch.nn.Module, batches: Batches, world: World,
             w = torch.full((1, batches.T + 1), -1, dtype=torch.long)
         x, y = batches.test_inputs_targets(w, c)
         with autocast:
-            _, loss = wrapped(x, y, prefix_len=batches.prefix_len, reduction="none")  # (b, T)
+            loss = score(x, y)  # (K, b, T)
         rows = owner[c * B:(c + 1) * B].to(dev)
         if len(rows):
-            nats.index_add_(0, rows, loss.double().sum(1))
+            nats.index_add_(1, rows, loss.double().sum(2))
             count.index_add_(0, rows, (y >= 0).sum(1).double())
-            slot_nats[c * B:c * B + len(rows)] = loss.double()
+            slot_nats[:, c * B:c * B + len(rows)] = loss.double()
             slot_scored[c * B:c * B + len(rows)] = (y >= 0).double()
     for t in (nats, count, slot_nats, slot_scored):
         all_reduce_sum(t, world)
-    wrapped.train()
     scored = slot_scored.flatten() > 0  # (N*T,) in stream order
     which = torch.arange(int(scored.sum()), device=dev) // batches.T  # (scored,) its chunk
     n_units = int(which[-1]) + 1 if len(which) else 0
-    chunk_nats = torch.zeros(n_units, dtype=torch.float64, device=dev).index_add_(
-        0, which, slot_nats.flatten()[scored])
-    chunk_tokens = torch.bincount(which, minlength=n_units)
-    return {"doc": list(range(len(docs))), "nats": nats.tolist(),
-            "tokens": [int(n) for n in count.tolist()],
-            "chunk_size": batches.T, "chunk_nats": chunk_nats.tolist(),
-            "chunk_tokens": chunk_tokens.tolist()}
+    chunk_tokens = torch.bincount(which, minlength=n_units).tolist()
+    out = []
+    for k in range(K):
+        chunk_nats = torch.zeros(n_units, dtype=torch.float64, device=dev).index_add_(
+            0, which, slot_nats[k].flatten()[scored])
+        out.append({"doc": list(range(len(docs))), "nats": nats[k].tolist(),
+                    "tokens": [int(n) for n in count.tolist()],
+                    "chunk_size": batches.T, "chunk_nats": chunk_nats.tolist(),
+                    "chunk_tokens": chunk_tokens})
+    return out
 
 
 def doc_windows(docs: list, T: int, eot: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -315,9 +315,11 @@ def save_checkpoint(run: Run, pos: Position, state_dicts: tuple[dict, dict] | No
                     on_stage=run.fault_hooks and run.fault_hooks.checkpoint_stage)
 
 
-def finish(run: Run, pos: Position, val_loss: float, val_ppl: float) -> dict:
+def finish(run: Run, pos: Position, val_loss: float, val_ppl: float,
+           test_docs: dict | None = None) -> dict:
     """The summary of a finished run, written to summary.json by rank 0, with the spikes and,
-    when train.test_eval, the whole test split's loss (per document in test_docs.json)."""
+    when train.test_eval, the whole test split's loss (per document in test_docs.json;
+    test_docs: evaluate_test's result where the caller scored it, a stack's member)."""
     summary = {"status": "finished", "step": pos.step, "tokens": pos.tokens,
                "val_loss": val_loss, "val_ppl": val_ppl, **run.params,
                "elapsed_s": pos.elapsed, "tok_per_s": pos.tokens / max(pos.elapsed, 1e-9),
@@ -329,7 +331,7 @@ def finish(run: Run, pos: Position, val_loss: float, val_ppl: float) -> dict:
     if run.stack:  # trained in a stack of that many seeds as one model (nlq/train/stack.py)
         summary["stack"] = run.stack
     if run.cfg.train.test_eval:
-        docs = evaluate_test(run.wrapped, run.batches, run.world, run.autocast)
+        docs = test_docs or evaluate_test(run.wrapped, run.batches, run.world, run.autocast)
         test_loss = sum(docs["nats"]) / sum(docs["tokens"])
         summary |= {"test_loss": test_loss, "test_ppl": math.exp(min(test_loss, 700.0)),
                     "test_tokens": sum(docs["tokens"]), "test_docs": len(docs["doc"])}

@@ -24,9 +24,9 @@ to fp32 in Stack._loss (as autocast widens a lone run's), attention casts its in
 layer_norm; the nonlinear query's output LayerNorm and QK-norm see bf16 inputs).
 
 The step boundary (eval, checkpoint, stop) and the final summary are nlq/train/loop.py's,
-member by member; the training step and the val loss run stacked (nlq/train/stacked.py),
-the test split and the attention logits' range one member at a time through a view of its
-weights.
+member by member; the training step, the val loss and the test split run stacked
+(nlq/train/stacked.py), the attention logits' range one member at a time through a view of
+its weights.
 """
 
 from __future__ import annotations
@@ -204,4 +204,6 @@ def _train(stack: Stack, resume: bool, progress: bool) -> list[dict | None]:
                           f"{spike['ref']:.4g}", file=sys.stderr)
             if bar is not None:
                 bar.update(1)
-    return [None if k in stack.dead else finish(m, pos, *vals[k]) for k, m in enumerate(members)]
+    docs = stack.test_docs() if t.test_eval else [None] * stack.K
+    return [None if k in stack.dead else finish(m, pos, *vals[k], test_docs=docs[k])
+            for k, m in enumerate(members)]

@@ -28,6 +28,7 @@ from nlq.errors import NlqError
 from nlq.model import Transformer
 from nlq.model.layers import RMSNorm
 from nlq.run.batches import Batches
+from nlq.run.scoring import score_test
 from nlq.run.world import World
 from nlq.train.loop import Diverged, lr_at
 from nlq.train.optim import make_optimizer
@@ -167,6 +168,28 @@ class Stack:
             count += (y >= 0).sum((1, 2))
         self.base.train()
         return [(v, math.exp(min(v, 700.0))) for v in (nats / count).tolist()]
+
+    @torch.no_grad()
+    def test_docs(self) -> list[dict]:
+        """Each member's test split, as evaluate_test (nlq/run/scoring.py) scores a lone run's:
+        the members share the test windows, so each chunk is one vmapped forward over the
+        stacked weights."""
+        m0 = self.members[0]
+
+        def token_nats(params, buffers, x, y):  # (b, T) -> (b, T) nats, fp32 as in _nats
+            logits, _ = functional_call(self.base, (params, buffers), (x,),
+                                        {"prefix_len": m0.batches.prefix_len})  # (b, T, V)
+            return F.cross_entropy(logits.float().flatten(0, 1), y.flatten(),  # (b*T, V)
+                                   ignore_index=-1, reduction="none").view(y.shape)
+
+        def score(x, y):  # (b, T) -> (K, b, T)
+            return vmap(token_nats, in_dims=(0, 0, None, None))(self.params, self.buffers, x, y)
+
+        self.base.eval()
+        try:
+            return score_test(score, self.K, m0.batches, m0.world, m0.autocast)
+        finally:
+            self.base.train()
 
     # -- checkpoints: a lone run's state dicts, member by member ---------------------------
     def load_member(self, run: Run, model_sd: dict, optim_sd: dict) -> None:
