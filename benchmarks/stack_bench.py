@@ -57,7 +57,7 @@ def main() -> int:
     import torch
 
     from nlq.config import load_config
-    from nlq.experiments.study import load_ladder
+    from nlq.experiments.ladder import load_ladder
     from nlq.train.loop import train
     from nlq.train.stack import train_stack
 

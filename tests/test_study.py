@@ -9,7 +9,8 @@ import pytest
 from helpers import nlq, ok
 from test_reproduce import SETS, mini_setting
 
-from nlq.experiments.study import load_ladder, widen
+from nlq.experiments.ladder import load_ladder
+from nlq.experiments.study import widen
 from nlq.experiments.sweep import check_grid
 
 

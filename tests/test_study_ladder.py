@@ -7,7 +7,8 @@ import pytest
 from helpers import assert_user_error, nlq
 
 from nlq.errors import NlqError
-from nlq.experiments.study import load_ladder, rung_record
+from nlq.experiments.ladder import load_ladder
+from nlq.experiments.study import rung_record
 
 GOOD_TOP = {"experiment": '"paper"', "arms": '["linear", "nonlinear"]'}
 GOOD_RUNG = {"preset": '"tiny"', "lrs": "[1e-3, 2e-3, 4e-3]", "sweep_seeds": "4", "seeds": "8",

@@ -423,7 +423,7 @@ def test_committed_study_runs_are_reused():
     """Every finished run of the committed study (results/study: config.toml and summary.json
     per run) is "finished" for the plan `nlq study` makes from it today: a study continued
     from it trains none of them again."""
-    from nlq.experiments.study import load_ladder
+    from nlq.experiments.ladder import load_ladder
     from nlq.experiments.sweep import sweep_plan
 
     root = ROOT / "results" / "study"
