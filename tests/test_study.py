@@ -88,6 +88,9 @@ def test_plan_counts_a_grown_grid_and_each_phase_finished_runs(tmp_path):
     (out / "A" / "compare" / "runs" / "s0" / "summary.json").write_text("{}")
     c = rung_cost(ladder, rung, out)
     assert (c["runs"], c["done"]) == (2 * (5 * 2 + 2), 2 * 5 * 2 + 1)
+    assert c["processes"] == c["runs"]  # every run alone
+    stacked = load_ladder(toy_ladder(tmp_path, stack=2)).rungs["A"]
+    assert rung_cost(ladder, stacked, out)["processes"] == 2 * (5 + 1)  # 2 seeds a process
 
 
 def test_ladder_errors_name_the_key(tmp_path):

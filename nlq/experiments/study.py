@@ -117,7 +117,11 @@ def rung_cost(ladder: Ladder, rung: Rung, out: Path) -> dict:
     for phase, n in phases.items():
         d = out / rung.name / phase
         done += min(n, sum(1 for _ in d.rglob(runfiles.SUMMARY))) if d.is_dir() else 0
-    return {"runs": runs, "done": done, "tokens_per_run": tokens, "flops": flops, "cfg": c}
+    # processes: a stack trains up to rung.stack seeds of one arm at one lr in one
+    processes = (len(arms) * len(grid) * math.ceil(rung.sweep_seeds / rung.stack)
+                 + len(arms) * math.ceil(rung.seeds / rung.stack))
+    return {"runs": runs, "done": done, "tokens_per_run": tokens, "flops": flops, "cfg": c,
+            "processes": processes}
 
 
 def measure_tok_s(cfg, threads: int, steps: int = 4) -> float:
@@ -165,7 +169,9 @@ def print_plan(ladder: Ladder, names: list[str], out: Path, jobs: int | None,
         hours = left * c["tokens_per_run"] / (tok_s * jobs) / 3600
         gpu_h = c["flops"] * left / c["runs"] / (GPU_MFU * H100_BF16_TFLOPS * 1e12) / 3600
         total_h += hours if r.device == "cpu" else 0.0
-        print(f"- {n} ({r.description or r.preset}; {r.device}): {c['runs']} runs "
+        stacked = (f" in {c['processes']} stacked processes (stack {r.stack})"
+                   if r.stack > 1 else "")
+        print(f"- {n} ({r.description or r.preset}; {r.device}): {c['runs']} runs{stacked} "
               f"({c['done']} finished), {c['tokens_per_run'] / 1e6:.2f}M tokens per run, "
               f"{c['flops']:.3g} FLOPs; here ~{tok_s:,.0f} tok/s per run -> ~{hours:.1f} h "
               f"left; one H100 at {GPU_MFU:.0%} MFU: {gpu_h * 60:.2g} GPU-min left (a FLOP "
