@@ -5,9 +5,10 @@ Stack holds every parameter of the K members' models as one (K, *P) leaf tensor,
 over them (elementwise: each member's slice is updated as its own AdamW would update it), the
 member runs, and the stacked training step: torch.func.vmap of the plain model's
 functional_call over K, the sum of the members' losses backward (the gradient with respect to
-member k's weights is that of its own loss), a grad clip per member. Member is one member as
-a model, for what runs one member at a time (eval, the test split). Checkpoints are written
-and read member by member in a lone run's format (member_state, load_member / load_all).
+member k's weights is that of its own loss), a grad clip per member; the val loss and the
+test split stacked alike (evaluate, test_docs). Member is one member as a model, for what
+runs one member at a time (the attention logits' range). Checkpoints are written and read
+member by member in a lone run's format (member_state, load_member / load_all).
 """
 
 from __future__ import annotations
@@ -82,8 +83,8 @@ def _widen(_module, args):
 
 class Member(torch.nn.Module):
     """Member k of a stack as a model: forward(...) is the plain model's, with member k's
-    weights (views of the stacked tensors). What eval, the test split and the attention
-    logits' range call (nlq/run/scoring.py); base is the architecture, on the meta device."""
+    weights (views of the stacked tensors); what runs one member at a time calls it (the
+    attention logits' range, nlq/run/scoring.py). base: the architecture, on the meta device."""
 
     def __init__(self, base: Transformer, params: dict, buffers: dict, k: int):
         super().__init__()
