@@ -1,6 +1,7 @@
 """Real GPU checks, each comparing a CUDA computation with the CPU one it must reproduce: a
 bf16-autocast training run against fp32 on CPU, the nonlinear query's plain path against the
-CPU kernel, and the chunked loss under bf16 autocast against F.cross_entropy on the logits.
+CPU kernel, the chunked loss under bf16 autocast against F.cross_entropy on the logits, and
+seeds trained as one stack under bf16 against their lone fp32 CPU runs.
 Marked `gpu`: tests/conftest.py skips them where there is no CUDA.
 
 Tolerances: bf16 keeps 8 significant bits (relative rounding 2^-9 ~ 2e-3 per value), so a
@@ -169,3 +170,25 @@ def assert_close_to_scale(got: torch.Tensor, want: torch.Tensor, tol: float) -> 
     ~1/N each: an elementwise atol would pass anything)."""
     err, scale = (got - want).abs().max().item(), want.abs().max().item()
     assert scale > 0 and err <= tol * scale, f"max error {err:.3g} vs scale {scale:.3g}"
+
+
+def test_a_bf16_stack_on_cuda_matches_lone_fp32_runs_on_cpu(tmp_path_factory, tmp_path):
+    """Two seeds of the nonlinear query trained as one stack (nlq/train/stack.py: vmap, the
+    loss, attention and norms widened by hand, since autocast's fp32 policy does not reach
+    ops under vmap) on CUDA under bf16: each member's losses, grad norms and val loss are its
+    lone fp32 CPU run's within the bf16 bounds above."""
+    from nlq.train.stack import train_stack
+
+    cfgs = [tiny_config(shared_data(tmp_path_factory), **{
+        "train.max_steps": 2, "train.eval_interval": 2, "model.query": "nonlinear",
+        "train.seed": 3 + k, "data.seed": 7 + k}) for k in range(2)]
+    dirs = [tmp_path / f"stack{k}" for k in range(2)]
+    gpu = [c.replace(**{"train.device": "cuda", "train.precision": "bf16"}) for c in cfgs]
+    summaries = train_stack(gpu, dirs, progress=False)
+    for k, (c, d, s) in enumerate(zip(cfgs, dirs, summaries)):
+        cpu = trained(c, tmp_path / f"cpu{k}", "cpu", "fp32")
+        rows = metrics(d, "train")
+        assert [r["loss"] for r in rows] == pytest.approx(cpu["loss"], rel=5e-3)
+        assert [r["grad_norm"] for r in rows] == pytest.approx(cpu["grad_norm"], rel=2e-2)
+        assert s["val_loss"] == pytest.approx(cpu["val_loss"], rel=5e-3)
+        assert s["stack"] == 2
