@@ -196,16 +196,21 @@ def _train(run: Run, resume: bool, progress: bool) -> dict:
                     bar.set_postfix(loss=f"{train_loss:.3f}", tok_s=f"{tps:,.0f}")
                 elif plain is not None:
                     plain.maybe_print(rec)
-            for spike in run.spikes.update(pos.step, train_loss, grad_norm):
-                if world.main:
-                    files.log({"kind": "spike", "step": spike["step"], "of": spike["kind"],
-                               "value": spike["value"], "ref": spike["ref"]})
-                    print(f"nlq: warning: {spike['kind']} spike at step {spike['step']}: "
-                          f"{spike['value']:.4g} vs running median {spike['ref']:.4g}",
-                          file=sys.stderr)
+            flag_spikes(run, pos.step, train_loss, grad_norm)
             if bar is not None:
                 bar.update(1)
     return finish(run, pos, val_loss, val_ppl)
+
+
+def flag_spikes(run: Run, step: int, loss: float, grad_norm: float, where: str = "") -> None:
+    """Step `step`'s loss and grad norm through the run's spike detector: each spike a metrics
+    row and a warning (where: what names the run in it, e.g. a stack member's path)."""
+    for spike in run.spikes.update(step, loss, grad_norm):
+        if run.world.main:
+            run.files.log({"kind": "spike", "step": spike["step"], "of": spike["kind"],
+                           "value": spike["value"], "ref": spike["ref"]})
+            print(f"nlq: warning: {where}{spike['kind']} spike at step {spike['step']}: "
+                  f"{spike['value']:.4g} vs running median {spike['ref']:.4g}", file=sys.stderr)
 
 
 def start(run: Run, resume: bool, load=None) -> tuple[Position, bool]:

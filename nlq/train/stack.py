@@ -46,7 +46,7 @@ from nlq.model.params import flops_per_token
 from nlq.run import checkpoint, memory
 from nlq.train import alloc, dist
 from nlq.train.console import PlainLog, peak_memory_mb, progress_bar, stop_on_signals
-from nlq.train.loop import Diverged, finish, save_checkpoint, start
+from nlq.train.loop import Diverged, finish, flag_spikes, save_checkpoint, start
 from nlq.train.rundir import RunDir, finished, prepare_run_dir
 from nlq.train.stacked import Stack, check_stackable
 
@@ -196,12 +196,7 @@ def _train(stack: Stack, resume: bool, progress: bool) -> list[dict | None]:
                                        "tok_per_s": tps * len(shown),  # the stack's
                                        "peak_mem_mb": peak_memory_mb(m0.device)})
             for k, m in live():
-                for spike in m.spikes.update(pos.step, losses[k], norms[k]):
-                    m.files.log({"kind": "spike", "step": spike["step"], "of": spike["kind"],
-                                 "value": spike["value"], "ref": spike["ref"]})
-                    print(f"nlq: warning: {m.files.path}: {spike['kind']} spike at step "
-                          f"{spike['step']}: {spike['value']:.4g} vs running median "
-                          f"{spike['ref']:.4g}", file=sys.stderr)
+                flag_spikes(m, pos.step, losses[k], norms[k], f"{m.files.path}: ")
             if bar is not None:
                 bar.update(1)
     docs = stack.test_docs() if t.test_eval else [None] * stack.K

@@ -109,6 +109,7 @@ class Stack:
         self.params, self.buffers = stack_module_state(models)  # name -> (K, *P)
         self.params = {n: p.to(device).detach().requires_grad_() for n, p in self.params.items()}
         self.buffers = {n: b.to(device) for n, b in self.buffers.items()}
+        self._names = {id(p): n for n, p in self.params.items()}  # the optimizer's tensors
         # the architecture alone, its tied head kept tied: functional_call swaps a member's
         # tensors in for each call
         with torch.device("meta"):
@@ -208,7 +209,7 @@ class Stack:
                         raise NlqError(f"checkpoint of {self.members[k].files.path} does not "
                                        f"fit this model: {n} missing or reshaped")
                     p[k].copy_(model_sd[n])
-        names = {id(p): n for n, p in self.params.items()}
+        names = self._names
         state, groups, i = {}, [], 0
         for g in self.optimizer.param_groups:
             ids = []
@@ -231,7 +232,7 @@ class Stack:
         """Member k's full model and optimizer state dicts, as dist.full_state gives a lone
         run's (keyed by parameter name, on the CPU)."""
         model_sd = {n: p[k].detach().cpu() for n, p in self.params.items()}
-        names = {id(p): n for n, p in self.params.items()}
+        names = self._names
         state, groups = {}, []
         for g in self.optimizer.param_groups:
             for p in g["params"]:
