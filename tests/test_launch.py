@@ -80,7 +80,7 @@ def test_a_run_sharing_a_gpu_may_take_its_share_only(monkeypatch):
 def spec(cfg, threads=1):
     from pathlib import Path
 
-    from nlq.experiments.runner import RunSpec
+    from nlq.experiments.plan import RunSpec
 
     return RunSpec("linear", 0, cfg.replace(**{"train.threads": threads}), Path("r"))
 
@@ -91,7 +91,7 @@ def test_jobs_auto_on_a_gpu_is_what_memory_and_cores_allow():
     GPUs), and by the number of runs; at least 1."""
     from pathlib import Path
 
-    from nlq.experiments.runner import RunSpec, auto_gpu_jobs
+    from nlq.experiments.plan import RunSpec, auto_gpu_jobs
 
     gib = 2 ** 30
     small = load_config("small", {"model.block_size": 256, "train.micro_batch": 8})
@@ -119,7 +119,7 @@ def test_stack_groups_hold_seeds_of_one_config_in_one_state(tmp_path):
     group, in plan order; replicates and other configs apart."""
     from pathlib import Path
 
-    from nlq.experiments.runner import RunSpec, stack_groups
+    from nlq.experiments.plan import RunSpec, stack_groups
 
     base = load_config("small")
 

@@ -239,7 +239,7 @@ def run_sweep(args) -> int:
 
 def _jobs(jobs: str | int | None, threads: int = 1, launcher="local") -> int | None:
     """--jobs as a count, or None for "auto" on a GPU (sized from the runs' memory estimate
-    once they are planned: nlq/experiments/runner.py auto_gpu_jobs); on a CPU auto is as
+    once they are planned: nlq/experiments/plan.py auto_gpu_jobs); on a CPU auto is as
     many runs as the cores hold at `threads` each; on slurm (launcher: its SlurmSettings)
     the table's array_parallelism. The launcher is checked here too (--launcher gpus without
     a GPU, slurm without submitit or sbatch), before any work."""

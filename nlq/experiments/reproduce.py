@@ -23,7 +23,8 @@ from pathlib import Path
 from nlq.config import Config
 from nlq.errors import NlqError
 from nlq.experiments.experiment import Experiment, experiment_arms, experiment_toml, load_experiment
-from nlq.experiments.runner import RunSpec, check_out, resolve_jobs, run_all, run_states
+from nlq.experiments.plan import RunSpec, check_out, resolve_jobs, run_states
+from nlq.experiments.runner import run_all
 from nlq.fsutil import write_atomic
 from nlq.model.params import count_params, flops_per_token
 from nlq.report.claims import EXPERIMENT_FILE

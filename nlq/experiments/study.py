@@ -27,8 +27,8 @@ from nlq import runfiles
 from nlq.errors import NlqError
 from nlq.experiments.experiment import experiment_arms, experiment_path, load_experiment
 from nlq.experiments.ladder import Ladder, Rung, load_ladder
+from nlq.experiments.plan import check_out
 from nlq.experiments.reproduce import reproduce
-from nlq.experiments.runner import check_out
 from nlq.experiments.sweep import LR_CHOICE, RESULT_FILE, SEED_OFFSET, grid_step, sweep
 from nlq.fsutil import write_atomic
 from nlq.model.params import flops_per_token

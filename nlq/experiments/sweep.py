@@ -35,8 +35,9 @@ from pathlib import Path
 from nlq import runfiles
 from nlq.errors import NlqError
 from nlq.experiments.experiment import load_experiment
+from nlq.experiments.plan import RunSpec, check_out, resolve_jobs, run_states
 from nlq.experiments.reproduce import ensure_data, plan
-from nlq.experiments.runner import RunSpec, check_out, resolve_jobs, run_all, run_states
+from nlq.experiments.runner import run_all
 from nlq.fsutil import write_atomic
 from nlq.runfiles import read_summary
 
