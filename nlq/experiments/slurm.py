@@ -2,11 +2,12 @@
 submitit (nlq/experiments/launch.py has the interface and the other launchers).
 
 `--slurm FILE` is a TOML file whose [slurm] table holds the cluster's settings, every key
-checked (nlq/experiments/slurm_settings.py); --jobs of the runs are submitted at once and the scheduler decides where
-and when they run. `executor = "local"` runs the same jobs through submitit's local executor
-instead (for tests, and to try a table on a laptop). Each job runs `nlq train` as its child
-(TrainRun), so the bookkeeping of nlq/experiments/runner.py is the same as for the other
-launchers: skip finished runs, resume killed ones, refuse a changed config, failures.json.
+checked (nlq/experiments/slurm_settings.py); --jobs of the runs are submitted at once and the
+scheduler decides where and when they run. `executor = "local"` runs the same jobs through
+submitit's local executor instead (for tests, and to try a table on a laptop). Each job runs
+`nlq train` as its child (TrainRun), so the bookkeeping of nlq/experiments/plan.py and
+runner.py is the same as for the other launchers: skip finished runs, resume killed ones,
+refuse a changed config, failures.json.
 """
 
 from __future__ import annotations
