@@ -38,7 +38,7 @@ from test_reproduce import SETS as MINI_SETS
 from test_reproduce import mini_setting
 
 from nlq.errors import NlqError
-from nlq.experiments import launch, slurm
+from nlq.experiments import launch, slurm, slurm_settings
 from nlq.experiments.runner import failure_cause
 
 submitit = pytest.importorskip("submitit")
@@ -129,7 +129,7 @@ def test_study_checks_its_launcher_before_any_write(tmp_path):
 
 def settings(tmp_path, table: str, out: Path | None = None):
     (tmp_path / "s.toml").write_text(table)
-    return slurm.slurm_settings(tmp_path / "s.toml", out or tmp_path / "out")
+    return slurm_settings.slurm_settings(tmp_path / "s.toml", out or tmp_path / "out")
 
 
 @pytest.mark.parametrize("table,named", [
@@ -155,7 +155,7 @@ def test_table_defaults_and_what_it_sets(tmp_path):
     out = tmp_path / "out"
     s = settings(tmp_path, LOCAL_TABLE, out)
     assert (s.executor, s.folder, s.jobs) == ("local", out / "slurm", 256)
-    assert s.submitit_parameters() == {"timeout_min": slurm.LOCAL_TIMEOUT_MIN}
+    assert s.submitit_parameters() == {"timeout_min": slurm_settings.LOCAL_TIMEOUT_MIN}
     s = settings(tmp_path, "[slurm]\npartition = 'gpu'\ntimeout_min = 240\n"
                            "array_parallelism = 8\nfolder = '/abs/logs'\nsetup = ['a']\n", out)
     assert (s.executor, s.folder, s.jobs) == ("slurm", Path("/abs/logs"), 8)
@@ -164,7 +164,7 @@ def test_table_defaults_and_what_it_sets(tmp_path):
     s = settings(tmp_path, LOCAL_TABLE + "folder = 'logs'\nsetup = ['module load x']\n", out)
     assert s.folder == out / "logs"  # relative: to OUT
     # setup is for the cluster's nodes: the local executor runs in this environment
-    assert s.submitit_parameters() == {"timeout_min": slurm.LOCAL_TIMEOUT_MIN}
+    assert s.submitit_parameters() == {"timeout_min": slurm_settings.LOCAL_TIMEOUT_MIN}
 
 
 def test_train_run_resumes_a_run_that_exists_and_pickles_without_its_child(tmp_path):

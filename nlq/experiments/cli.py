@@ -125,7 +125,7 @@ def _launcher(args, out: Path):
     FILE (every key checked, submitit's job files under OUT/slurm by default); a --slurm
     without --launcher slurm, or the reverse, is an error. Before any work."""
     from nlq.errors import NlqError
-    from nlq.experiments.slurm import slurm_settings
+    from nlq.experiments.slurm_settings import slurm_settings
 
     if args.slurm is not None and args.launcher != "slurm":
         raise NlqError(f"--slurm {args.slurm} is for --launcher slurm (this command's "
@@ -247,7 +247,7 @@ def _jobs(jobs: str | int | None, threads: int = 1, launcher="local") -> int | N
 
     from nlq.errors import NlqError
     from nlq.experiments.launch import make_launcher
-    from nlq.experiments.slurm import SlurmSettings
+    from nlq.experiments.slurm_settings import SlurmSettings
 
     make_launcher(launcher, 1, threads)
     if (jobs is None or jobs == "auto") and isinstance(launcher, SlurmSettings):

@@ -124,14 +124,14 @@ def visible_gpus() -> list[str]:
 
 LAUNCHERS = ("local", "gpus", "slurm")
 # what --launcher (and --slurm) pass down to run_all: a launcher's name, or the settings of
-# --launcher slurm (nlq/experiments/slurm.py SlurmSettings)
+# --launcher slurm (nlq/experiments/slurm_settings.py SlurmSettings)
 LauncherSpec = object
 
 
 def make_launcher(name: LauncherSpec, jobs: int, threads: int) -> Launcher:
     """The launcher `name` for a command of `jobs` runs at a time at `threads` threads each
     (slurm: its SlurmSettings, from --slurm FILE)."""
-    if not isinstance(name, str):  # a launcher's settings (nlq/experiments/slurm.py)
+    if not isinstance(name, str):  # a launcher's settings (nlq/experiments/slurm_settings.py)
         return name.launcher(jobs)
     if name == "local":
         return Local(budget=jobs * threads, gpu_share=jobs)
