@@ -258,7 +258,7 @@ def test_bad_arm_names_the_key(arm, match):
 
 
 def test_params_table_of_any_preset_and_experiment_file(tmp_path, monkeypatch):
-    from nlq.experiments.cli import params_table
+    from nlq.experiments.experiment import params_table
 
     (tmp_path / "bare.toml").write_text("[model]\nn_layer = 2\nd_model = 64\nn_head = 4\n"
                                         "vocab_size = 100\nblock_size = 32\n")

@@ -16,32 +16,6 @@ from nlq.sysinfo import check_threads, cores
 # nlq params
 
 
-def params_table(experiment: str = "paper", preset: str = "gpt3-small",
-                 sets: dict | None = None) -> list[dict]:
-    """One row per distinct model among the experiment's arms: an arm whose model equals an
-    earlier arm's (it differs in training only, e.g. linear+12.5%-lr) is left out, its name
-    kept in the earlier row's same_model."""
-    from nlq.experiments.experiment import experiment_arms, load_experiment
-    from nlq.model.params import count_params, pct_vs
-
-    exp = load_experiment(experiment)
-    rows: list[dict] = []
-    for name, cfg in experiment_arms(exp, preset, sets).items():
-        twin = next((r for r in rows if r["model"] == cfg.model), None)
-        if twin is not None:
-            twin["same_model"].append(name)
-            continue
-        total, non_emb = count_params(cfg.model)
-        rows.append({"name": name, "query": cfg.model.query, "mlp_hidden": cfg.model.mlp_width,
-                     "total": total, "non_embedding": non_emb, "model": cfg.model,
-                     "computed": "grow_non_embedding_pct" in exp.arms[name], "same_model": []})
-    base = next((r for r in rows if r["name"] == exp.baseline), rows[0])
-    for r in rows:
-        r["vs_baseline_pct"] = round(pct_vs(r["non_embedding"], base["non_embedding"]), 3)
-        r["baseline"] = r is base
-    return rows
-
-
 def add_params_arguments(p) -> None:
     p.add_argument("--experiment", default="paper", metavar="NAME|FILE",
                    help="whose arms to count: a shipped experiment (paper, strong-baseline, "
@@ -54,6 +28,7 @@ def add_params_arguments(p) -> None:
 
 def run_params(args) -> int:
     from nlq.config import parse_sets
+    from nlq.experiments.experiment import params_table
 
     rows = params_table(args.experiment, args.preset, parse_sets(args.set))
     if args.json:
@@ -67,7 +42,8 @@ def run_params(args) -> int:
     print(f"| arm | MLP | total | non-embedding | vs {base} |")
     print("|---|---|---|---|---|")
     for r in rows:
-        vs = "-" if r["baseline"] else _fmt_pct(r["vs_baseline_pct"])
+        p = r["vs_baseline_pct"]
+        vs = "-" if r["baseline"] else "0%" if p == 0 else f"{p:+.3f}%"
         name = r["name"].replace("+", " +") + " (computed)" if r["computed"] else r["name"]
         print(f"| {name} | {r['mlp_hidden']} | {r['total']:,} | "
               f"{r['non_embedding']:,} | {vs} |")
@@ -75,10 +51,6 @@ def run_params(args) -> int:
         for twin in r["same_model"]:
             print(f"{twin}: the model of {r['name']} (the arms differ in training only)")
     return 0
-
-
-def _fmt_pct(p: float) -> str:
-    return "0%" if p == 0 else f"{p:+.3f}%"
 
 
 # ---------------------------------------------------------------------------------------

@@ -152,3 +152,28 @@ def _nest(flat: dict[str, Any]) -> dict[str, Any]:
             d = d.setdefault(p, {})
         d[last] = value
     return out
+
+
+def params_table(experiment: str = "paper", preset: str = "gpt3-small",
+                 sets: dict | None = None) -> list[dict]:
+    """`nlq params`: one row per distinct model among the experiment's arms: an arm whose model equals an
+    earlier arm's (it differs in training only, e.g. linear+12.5%-lr) is left out, its name
+    kept in the earlier row's same_model."""
+    from nlq.model.params import count_params, pct_vs
+
+    exp = load_experiment(experiment)
+    rows: list[dict] = []
+    for name, cfg in experiment_arms(exp, preset, sets).items():
+        twin = next((r for r in rows if r["model"] == cfg.model), None)
+        if twin is not None:
+            twin["same_model"].append(name)
+            continue
+        total, non_emb = count_params(cfg.model)
+        rows.append({"name": name, "query": cfg.model.query, "mlp_hidden": cfg.model.mlp_width,
+                     "total": total, "non_embedding": non_emb, "model": cfg.model,
+                     "computed": "grow_non_embedding_pct" in exp.arms[name], "same_model": []})
+    base = next((r for r in rows if r["name"] == exp.baseline), rows[0])
+    for r in rows:
+        r["vs_baseline_pct"] = round(pct_vs(r["non_embedding"], base["non_embedding"]), 3)
+        r["baseline"] = r is base
+    return rows
