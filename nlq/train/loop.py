@@ -41,7 +41,7 @@ from nlq.train.console import PlainLog, peak_memory_mb, progress_bar, stop_on_si
 from nlq.train.optim import lr_at, make_optimizer, step_seed
 from nlq.train.rundir import RunDir, finished, prepare_run_dir, read_run_config
 from nlq.train.setup import Run, compile_model, set_up
-from nlq.train.spikes import Spikes
+from nlq.train.spikes import Spikes, flag_spikes
 
 # the recipe and the set-up live beside this loop; their names stay importable from here
 __all__ = ["Diverged", "Position", "Run", "compile_model", "lr_at", "make_optimizer",
@@ -200,17 +200,6 @@ def _train(run: Run, resume: bool, progress: bool) -> dict:
             if bar is not None:
                 bar.update(1)
     return finish(run, pos, val_loss, val_ppl)
-
-
-def flag_spikes(run: Run, step: int, loss: float, grad_norm: float, where: str = "") -> None:
-    """Step `step`'s loss and grad norm through the run's spike detector: each spike a metrics
-    row and a warning (where: what names the run in it, e.g. a stack member's path)."""
-    for spike in run.spikes.update(step, loss, grad_norm):
-        if run.world.main:
-            run.files.log({"kind": "spike", "step": spike["step"], "of": spike["kind"],
-                           "value": spike["value"], "ref": spike["ref"]})
-            print(f"nlq: warning: {where}{spike['kind']} spike at step {spike['step']}: "
-                  f"{spike['value']:.4g} vs running median {spike['ref']:.4g}", file=sys.stderr)
 
 
 def start(run: Run, resume: bool, load=None) -> tuple[Position, bool]:

@@ -10,9 +10,14 @@ resumed run flags exactly what an uninterrupted one does.
 
 from __future__ import annotations
 
+import sys
 from collections import deque
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from nlq.train.setup import Run
 
 WINDOW = 50
 MIN_HISTORY = 10
@@ -44,3 +49,14 @@ class Spikes:
 
     def state(self) -> dict:
         return {"losses": list(self.losses), "grads": list(self.grads), "found": self.found}
+
+
+def flag_spikes(run: Run, step: int, loss: float, grad_norm: float, where: str = "") -> None:
+    """Step `step`'s loss and grad norm through the run's spike detector: each spike a metrics
+    row and a warning (where: what names the run in it, e.g. a stack member's path)."""
+    for spike in run.spikes.update(step, loss, grad_norm):
+        if run.world.main:
+            run.files.log({"kind": "spike", "step": spike["step"], "of": spike["kind"],
+                           "value": spike["value"], "ref": spike["ref"]})
+            print(f"nlq: warning: {where}{spike['kind']} spike at step {spike['step']}: "
+                  f"{spike['value']:.4g} vs running median {spike['ref']:.4g}", file=sys.stderr)

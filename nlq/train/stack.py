@@ -46,8 +46,9 @@ from nlq.model.params import flops_per_token
 from nlq.run import checkpoint, memory
 from nlq.train import alloc, dist
 from nlq.train.console import PlainLog, peak_memory_mb, progress_bar, stop_on_signals
-from nlq.train.loop import Diverged, finish, flag_spikes, save_checkpoint, start
+from nlq.train.loop import Diverged, finish, save_checkpoint, start
 from nlq.train.rundir import RunDir, finished, prepare_run_dir
+from nlq.train.spikes import flag_spikes
 from nlq.train.stacked import Stack, check_stackable
 
 
