@@ -257,8 +257,9 @@ def test_sigterm_mid_sweep_stops_exports_and_resumes_to_the_same_study(tmp_path)
 @pytest.mark.slow
 def test_a_study_killed_mid_phase_has_exported_every_finished_run(tmp_path):
     """--export DIR: a study SIGKILLed (no handler runs: a time limit's kill) while its first
-    rung's seeds train has every run of that rung's finished sweep in DIR, without
-    checkpoints; the rerun completes DIR to what `nlq export` of the whole study gives."""
+    rung's seeds train has in DIR, without checkpoints, its finished sweep and every seed run
+    that finished before the kill (each exported as it finished, not at the phase's end);
+    the rerun completes DIR to what `nlq export` of the whole study gives."""
     import time
 
     from helpers import kill_group, nlq_cmd, popen_group
@@ -268,23 +269,65 @@ def test_a_study_killed_mid_phase_has_exported_every_finished_run(tmp_path):
     p = popen_group(nlq_cmd("study", "--ladder", ladder, "--out", out, "--jobs", "2",
                             "--export", exp), OMP_NUM_THREADS="1")
     deadline = time.time() + 600
-    while not (out / "A" / "compare" / "runs").is_dir():  # the sweep phase is over
+    while not list((exp / "A" / "compare" / "runs").rglob("summary.json")):  # a seed run
         assert p.poll() is None and time.time() < deadline, p.communicate()[1][-2000:]
-        time.sleep(0.1)
+        time.sleep(0.05)
+    killed_at = time.time()
     kill_group(p)
     p.wait()
-    sweep_runs = sorted(r.parent.relative_to(out) for r in
-                        (out / "A" / "sweep" / "runs").rglob("summary.json"))
-    assert len(sweep_runs) >= 2 * 3 * 2  # 2 arms x 3 lrs x 2 seeds
-    got = sorted(r.parent.relative_to(exp) for r in exp.rglob("summary.json"))
-    assert got == sweep_runs
+    finished = {r.parent.relative_to(out) for r in out.rglob("summary.json")}
+    got = {r.parent.relative_to(exp) for r in exp.rglob("summary.json")}
+    assert got <= finished
+    # missing: at most a run that finished in the moment before the kill (the runner looks
+    # at its children twice a second)
+    missing = finished - got
+    assert all((out / r / "summary.json").stat().st_mtime > killed_at - 5 for r in missing)
+    assert len([r for r in got if r.parts[1] == "sweep"]) >= 2 * 3 * 2  # arms x lrs x seeds
     assert (exp / "A" / "sweep" / "sweep.json").is_file() and not list(exp.rglob("ckpt*"))
+    assert (exp / "A" / "rung.json").is_file() and (exp / "A" / "compare" / "experiment.toml"
+                                                    ).is_file()
     ok(study(ladder, out, "--export", exp))
     ok(nlq("export", out, tmp_path / "whole"))
     names = sorted(str(f.relative_to(tmp_path / "whole"))
                    for f in (tmp_path / "whole").rglob("*") if f.is_file())
     assert names == sorted(str(f.relative_to(exp)) for f in exp.rglob("*") if f.is_file())
     assert len(list(exp.rglob("summary.json"))) == len(list(out.rglob("summary.json")))
+
+
+def test_export_run_copies_one_finished_run_as_nlq_export_does(tmp_path):
+    """export_run: one finished run of a study into DEST where `nlq export` puts it (the same
+    bytes), with the plan files of the folders above it; an unfinished run: nothing."""
+    from nlq.report.export import export_results, export_run
+
+    src = tmp_path / "study"
+    sweep = src / "S9" / "sweep"
+    (src / "study.json").parent.mkdir(parents=True)
+    (src / "study.json").write_text("{}")
+    (src / "S9" / "sweep").mkdir(parents=True)
+    (src / "S9" / "rung.json").write_text('{"name": "S9"}')
+    (sweep / "sweep-plan.json").write_text('{"grid": [1]}')
+    runs = [sweep / "runs" / "lr0.001" / "linear" / f"seed{i}" for i in (1000, 1001)]
+    for i, run in enumerate(runs):
+        run.mkdir(parents=True)
+        (run / "config.toml").write_text("x = 1\n")
+        (run / "ckpt-000010.pt").write_bytes(b"weights")
+        (run / "metrics.jsonl").write_text('{"kind": "meta"}\n{"kind": "train", "step": 1}\n'
+                                           '{"kind": "eval", "step": 2}\n{"torn')
+        if i == 0:
+            (run / "summary.json").write_text('{"val_loss": 3.0}')
+    dest = tmp_path / "dest"
+    assert export_run(src, runs[1], dest) == []  # no summary: not finished
+    assert not dest.exists()
+    written = export_run(src, runs[0], dest)
+    files = sorted(str(f.relative_to(dest)) for f in dest.rglob("*") if f.is_file())
+    assert files == sorted(str(f.relative_to(dest)) for f in written) == [
+        "S9/rung.json", "S9/sweep/runs/lr0.001/linear/seed1000/config.toml",
+        "S9/sweep/runs/lr0.001/linear/seed1000/metrics.jsonl",
+        "S9/sweep/runs/lr0.001/linear/seed1000/summary.json", "S9/sweep/sweep-plan.json"]
+    whole = tmp_path / "whole"
+    export_results(src, whole)
+    for f in files:
+        assert (dest / f).read_bytes() == (whole / f).read_bytes(), f
 
 
 def test_study_md_gives_each_preregistered_pair_with_or_without_a_verdict(tmp_path):

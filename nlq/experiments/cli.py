@@ -316,9 +316,10 @@ def add_study_arguments(p) -> None:
     p.add_argument("--force", action="store_true",
                    help="train a cuda rung even where no GPU is present")
     p.add_argument("--export", default=None, metavar="DIR",
-                   help="also `nlq export` the study into DIR (every finished run, no "
-                        "checkpoints) after each phase of each rung and when it stops, so a "
-                        "study cut off by a time limit has lost no finished run")
+                   help="also export the study into DIR (`nlq export`: no checkpoints): "
+                        "each run as it finishes, the reports after each phase of each rung "
+                        "and when it stops, so a study cut off by a time limit (even a kill) "
+                        "has lost no finished run")
 
 
 def run_study(args) -> int:

@@ -163,7 +163,8 @@ def reproduce(experiment: str, preset: str, seeds: int, arm_names: list[str] | N
               out: Path, jobs: int | None, force: bool, sets: dict | None = None,
               lrs_from: Path | None = None, threads: int = 1, replicates: int = 0,
               replicate_threads: int | None = None, launcher: str = "local",
-              stack: int = 1) -> int:
+              stack: int = 1, after_run=None) -> int:
+    """after_run(run_dir): called as each run finishes (runner.run_all)."""
     import torch
 
     check_out(out, "reproduce")  # a folder of the user's is refused before any work
@@ -201,7 +202,7 @@ def reproduce(experiment: str, preset: str, seeds: int, arm_names: list[str] | N
         return 0
     ensure_data(preset, specs[0].cfg)
     t0 = time.time()
-    failed = run_all(specs, exp, jobs, out, states, launcher, stack=stack)
+    failed = run_all(specs, exp, jobs, out, states, launcher, stack=stack, after_run=after_run)
     if len(failed) == len(specs):
         print(f"reproduce: every run failed ({', '.join(failed)}); see their train.log, then "
               f"run the command again to resume them", file=sys.stderr)

@@ -21,6 +21,7 @@ import shutil
 import signal
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from nlq import runfiles
@@ -82,7 +83,7 @@ def _last_step(run_dir: Path) -> int:
 def run_all(specs: list[RunSpec], exp, jobs: int, out: Path,
             states: dict[Path, str] | None = None,
             launcher: LauncherSpec = "local", command: str = "reproduce",
-            stack: int = 1) -> list[str]:
+            stack: int = 1, after_run: Callable[[Path], object] | None = None) -> list[str]:
     """Train every planned run that is not finished, `jobs` at a time through the launcher
     named (nlq/experiments/launch.py; "local": within jobs x the runs' threads of CPU; slurm:
     its SlurmSettings, from --slurm FILE);
@@ -90,7 +91,9 @@ def run_all(specs: list[RunSpec], exp, jobs: int, out: Path,
     (after its running children stopped). states: run_states(specs), if checked already;
     command: the name its messages start with (reproduce or sweep). stack: up to that many
     seeds of one arm and lr train as one stacked model in one `nlq train` (stack_groups; a
-    job of the launcher), its output in the first one's train.log."""
+    job of the launcher), its output in the first one's train.log. after_run(run_dir): called
+    as each run finishes (the study's --export copies it at once); an error it raises is
+    printed as a warning, and the runs go on."""
     from tqdm import tqdm
 
     states = states or run_states(specs, command, stack)
@@ -168,6 +171,12 @@ def run_all(specs: list[RunSpec], exp, jobs: int, out: Path,
                 job.log.close()
                 for s in job.key:  # a stack's runs: each finished or not on its own
                     _ended(s, job, out, command, causes, failed, stopped, twice, signals, bar)
+                    if after_run is not None and (s.run_dir / runfiles.SUMMARY).is_file():
+                        try:
+                            after_run(s.run_dir)
+                        except (OSError, NlqError) as e:  # a full disk there: train on
+                            bar.write(f"{command}: warning: {s.arm} {s.run_dir.name}: "
+                                      f"{getattr(e, 'strerror', None) or e}")
     finally:
         for sig, handler in old.items():
             signal.signal(sig, handler)

@@ -185,16 +185,17 @@ def print_plan(ladder: Ladder, names: list[str], out: Path, jobs: int | None,
 
 
 def run_rung(ladder: Ladder, rung: Rung, out: Path, jobs: int | None, threads: int = 1,
-             launcher: str = "local", after_phase=lambda: None) -> int:
+             launcher: str = "local", after_phase=lambda: None, after_run=None) -> int:
     """Sweep (growing the grid while a best lr sits at its edge), then the seeds;
-    after_phase() after each sweep pass and after the seeds (the study's --export)."""
+    after_phase() after each sweep pass and after the seeds, after_run(run_dir) as each run
+    finishes (the study's --export)."""
     check_rung(out, rung_record(ladder, rung))
     arms = ladder.arms or None
     lrs = list(rung.lrs)
     # each pass grows a side by one step, at most log_step(MAX_WIDEN) steps a side
     for _ in range(2 * round(math.log(MAX_WIDEN) / math.log(grid_step(lrs))) + 1):
         rc = sweep(ladder.experiment, rung.preset, arms, lrs, rung.sweep_seeds, out / "sweep",
-                   jobs, rung.sets, threads, launcher, rung.stack)
+                   jobs, rung.sets, threads, launcher, rung.stack, after_run)
         after_phase()
         if rc != 0:
             return rc
@@ -207,7 +208,7 @@ def run_rung(ladder: Ladder, rung: Rung, out: Path, jobs: int | None, threads: i
         lrs = grown
     rc = reproduce(ladder.experiment, rung.preset, rung.seeds, arms, out / "compare", jobs,
                    force=False, sets=rung.sets, lrs_from=out / "sweep" / RESULT_FILE,
-                   threads=threads, launcher=launcher, stack=rung.stack)
+                   threads=threads, launcher=launcher, stack=rung.stack, after_run=after_run)
     after_phase()
     return rc
 
@@ -232,13 +233,14 @@ def widen(lrs: list[float], chosen: dict, declared: list[float]) -> list[float]:
 def study(ladder_path: str | Path | None, names: list[str] | None, out: Path, jobs: int | None,
           force: bool = False, dry_run: bool = False, threads: int = 1,
           launcher: str = "local", export: Path | None = None) -> int:
-    """export: a folder that receives `nlq export OUT` (every finished run, no checkpoints)
-    after every phase of every rung and when the study stops, so a study cut off by a time
-    limit (a GPU loan, a job's wall clock) has lost no finished run."""
+    """export: a folder that receives each run as it finishes and `nlq export OUT` (every
+    finished run and the reports, no checkpoints) after every phase of every rung and when
+    the study stops, so a study cut off by a time limit (a GPU loan, a job's wall clock, a
+    SIGKILL) has lost no finished run."""
     import torch
 
     from nlq.experiments.study_report import build_study_report
-    from nlq.report.export import export_results
+    from nlq.report.export import export_results, export_run
 
     check_out(out, "study")  # a folder of the user's is refused before any work
     if export is not None:
@@ -272,12 +274,16 @@ def study(ladder_path: str | Path | None, names: list[str] | None, out: Path, jo
         if export is not None:
             export_results(out, export)
 
+    def export_one(run_dir: Path):  # a kill (a time limit's) then loses no finished run
+        export_run(out, run_dir, export)
+
     rc = 0
     for n in names:
         r = ladder.rungs[n]
         print(f"study: rung {n}: {r.description}", file=sys.stderr)
         try:
-            rc = run_rung(ladder, r, out / n, jobs, threads, launcher, after_phase=report) or rc
+            rc = run_rung(ladder, r, out / n, jobs, threads, launcher, after_phase=report,
+                          after_run=export_one if export is not None else None) or rc
         finally:  # after every rung, and when a signal stopped it: its finished runs show
             report()
     report()

@@ -195,7 +195,8 @@ def matched(by_seed: dict, baseline: str) -> dict:
 
 def sweep(experiment: str, preset: str, arms: list[str] | None, lrs: list[float], seeds: int,
           out: Path, jobs: int, sets: dict | None = None, threads: int = 1,
-          launcher: str = "local", stack: int = 1) -> int:
+          launcher: str = "local", stack: int = 1, after_run=None) -> int:
+    """after_run(run_dir): called as each run finishes (runner.run_all)."""
     from nlq.experiments.sweep_figure import draw_sweep
 
     check_out(out, "sweep")  # a folder of the user's is refused before any work
@@ -226,7 +227,7 @@ def sweep(experiment: str, preset: str, arms: list[str] | None, lrs: list[float]
     ensure_data(preset, specs[0].cfg)
     jobs = resolve_jobs(jobs, specs, launcher, "sweep", stack)  # auto on a GPU: from memory
     failed = run_all(specs, load_experiment(experiment), jobs, out, states, launcher, "sweep",
-                     stack)
+                     stack, after_run)
     if failed:
         print(f"sweep: {len(failed)} run(s) failed: {', '.join(failed)} (see their train.log; "
               f"run the command again to retry); no lr chosen", file=sys.stderr)

@@ -43,20 +43,43 @@ def export_results(src: str | Path, dest: str | Path) -> list[Path]:
         if (src / name).is_file():
             written.append(_copy(src / name, dest / name))
     for summary in sorted((src / "runs").rglob(runfiles.SUMMARY)):
-        run = summary.parent
-        out = dest / run.relative_to(src)
-        out.mkdir(parents=True, exist_ok=True)
-        for name in RUN_FILES:
-            if (run / name).is_file():
-                written.append(_copy(run / name, out / name))
-        try:  # bytes that are not UTF-8 (a torn write) are read as U+FFFD
-            text = (run / runfiles.METRICS).read_text(encoding="utf-8", errors="replace")
-        except FileNotFoundError:
-            text = ""
-        lines = [ln for ln in text.splitlines() if ln.strip() and _kind(ln) in KEPT_METRICS]
-        write_atomic(out / runfiles.METRICS, "".join(ln + "\n" for ln in lines))
-        written.append(out / runfiles.METRICS)
+        written += _export_run_files(summary.parent, dest / summary.parent.relative_to(src))
     return written
+
+
+def export_run(src: str | Path, run: str | Path, dest: str | Path) -> list[Path]:
+    """Export one finished run of output folder src (an experiment, sweep or study) into
+    dest, where `nlq export src dest` puts it, with the plan files of the folders above it
+    (rung.json, sweep-plan.json, experiment.toml, ...) so that dest continues the command on
+    a fresh clone; a run without a summary is left out (returns [])."""
+    src, run, dest = Path(src).resolve(), Path(run).resolve(), Path(dest)
+    if not (run / runfiles.SUMMARY).is_file():
+        return []
+    rel = run.relative_to(src)
+    written = []
+    for depth in range(len(rel.parts)):  # src, then each folder down to the run's parent
+        folder = rel.parents[len(rel.parts) - 1 - depth]
+        for name in (*FOLDER_FILES, "rung.json"):
+            if (src / folder / name).is_file():
+                (dest / folder).mkdir(parents=True, exist_ok=True)
+                written.append(_copy(src / folder / name, dest / folder / name))
+    return written + _export_run_files(run, dest / rel)
+
+
+def _export_run_files(run: Path, out: Path) -> list[Path]:
+    """A finished run's RUN_FILES and its metrics cut to KEPT_METRICS, into out."""
+    written = []
+    out.mkdir(parents=True, exist_ok=True)
+    for name in RUN_FILES:
+        if (run / name).is_file():
+            written.append(_copy(run / name, out / name))
+    try:  # bytes that are not UTF-8 (a torn write) are read as U+FFFD
+        text = (run / runfiles.METRICS).read_text(encoding="utf-8", errors="replace")
+    except FileNotFoundError:
+        text = ""
+    lines = [ln for ln in text.splitlines() if ln.strip() and _kind(ln) in KEPT_METRICS]
+    write_atomic(out / runfiles.METRICS, "".join(ln + "\n" for ln in lines))
+    return written + [out / runfiles.METRICS]
 
 
 def _export_study(src: Path, dest: Path) -> list[Path]:
