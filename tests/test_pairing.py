@@ -3,6 +3,8 @@ bitwise, and seed k fixes the data order, the same in every arm."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -98,3 +100,32 @@ def test_keyed_init_is_the_same_under_meta_counting(device):
     cfg = _arms(["linear"])["linear"].model
     total, _ = count_params(cfg)
     assert total == Transformer(cfg, seed=0).num_params()
+
+
+def test_nested_init_gives_a_wider_mlp_the_narrower_ones_units():
+    """model.init_nested: linear+12.5%'s wider MLP starts with linear's values in every
+    hidden unit they share (fc's rows, proj's columns), bitwise, and every tensor of the same
+    shape is equal; without it proj's shared columns differ (each tensor one row-major
+    stream), which is what made the control's seed pairing weak."""
+    for nested in (True, False):
+        arms = experiment_arms(load_experiment("paper"), "tiny",
+                               {**SMALL, "model.init_nested": nested}, ["linear", "linear+12.5%"])
+        lin, wide = (_state(arms[a], 5) for a in ("linear", "linear+12.5%"))
+        h = arms["linear"].model.mlp_width
+        assert arms["linear+12.5%"].model.mlp_width > h
+        for k in lin:
+            if lin[k].shape == wide[k].shape:
+                assert torch.equal(lin[k], wide[k]), k
+        fc, proj = "blocks.1.mlp.fc.weight", "blocks.1.mlp.proj.weight"
+        if nested:
+            assert torch.equal(lin[fc], wide[fc][:h])
+        assert torch.equal(lin[proj], wide[proj][:, :h]) == nested
+    # the same distribution: per-entry std as the row-major draw's
+    cfg = _arms(["linear"])["linear"]
+    sd = Transformer(dataclasses.replace(cfg.model, init_nested=True), seed=3).state_dict()
+    std = cfg.model.init_std
+    assert abs(sd["blocks.0.mlp.fc.weight"].std().item() - std) < 0.15 * std
+    resid = sd["blocks.0.mlp.proj.weight"]
+    assert abs(resid.std().item() - std / (2 * cfg.model.n_layer) ** 0.5) < 0.15 * std
+    assert not torch.equal(sd["blocks.0.mlp.fc.weight"],
+                           _state(cfg, 3)["blocks.0.mlp.fc.weight"])  # other values

@@ -91,6 +91,15 @@ class ModelConfig:
     init_std: float = 0.02
     """Std of the normal init of weights and embeddings; the residual output projections get
     init_std / sqrt(2 n_layer) (GPT-2, nanoGPT)."""
+    init_nested: bool = False
+    """Draw every weight matrix unit by unit (its rows; the MLP's output projection by its
+    input columns, the MLP's hidden units) from one prefix-stable stream per tensor, so that a
+    wider MLP starts with the narrower one's values in every hidden unit they share. Seed-
+    paired arms that differ in MLP width (the +12.5% control) then share their initial values
+    as arms that differ in the query do, and their paired differences lose the noise of
+    independent inits (common random numbers). The same distribution, N(0, std^2) per entry,
+    other values: False keeps the draws of earlier runs (docs/experiments.md, "nested
+    init")."""
 
     def __post_init__(self):
         # a dict given in code becomes a read-only Table: the config stays frozen, hashable

@@ -151,10 +151,23 @@ def prefix_lm_mask(T: int, prefix_len, device=None) -> torch.Tensor:
     return causal | ((i[None, :] < p) & (i[:, None] < p))  # (B, 1, T, T)
 
 
-def _normal_(w: torch.Tensor, std: float, seed: int, name: str) -> None:
+def _normal_(w: torch.Tensor, std: float, seed: int, name: str, nested: bool = False,
+             units_last: bool = False) -> None:
     """w <- N(0, std^2) drawn on the CPU from a generator seeded by (seed, name): the same
-    values on every device and whatever the module order (see reset_parameters)."""
+    values on every device and whatever the module order (see reset_parameters).
+
+    nested (model.init_nested): drawn from numpy's PCG64, whose normals come one after the
+    other, so the first k values of a stream are the same however many are drawn; a matrix
+    is filled unit by unit (row by row, or with units_last column by column), so a tensor
+    with more units (or longer units) starts with the smaller one's values."""
     if w.is_meta:  # counting parameters (nlq/model/params.py): nothing to draw
+        return
+    if nested:
+        key = np.random.SeedSequence([seed, zlib.crc32(name.encode()), 1])
+        shape = tuple(w.shape[::-1]) if units_last else tuple(w.shape)
+        z = np.random.Generator(np.random.PCG64(key)).standard_normal(shape, np.float32)
+        z = torch.from_numpy(z).mul_(std)  # (units, fan) as drawn
+        w.copy_(z.T if units_last else z)  # back to w's (out, in)
         return
     key = np.random.SeedSequence([seed, zlib.crc32(name.encode())]).generate_state(2)
     g = torch.Generator().manual_seed(int(key[0]) << 32 | int(key[1]))
@@ -199,19 +212,22 @@ class Transformer(nn.Module):
         arms built with the same seed start with bitwise the same values in every tensor they
         share by name and shape (embeddings, K, V, output projections, ...), whatever else
         differs (a wider MLP, another query module), so seed-paired arms differ only where
-        their architectures do."""
-        std = self.cfg.init_std
+        their architectures do. With model.init_nested, tensors of other shapes share their
+        common units too (_normal_): a wider MLP's first hidden units are the narrower one's."""
+        std, nested = self.cfg.init_std, self.cfg.init_nested
         resid_std = std / math.sqrt(2 * self.cfg.n_layer)
         for name, mod in self.named_modules():
             if isinstance(mod, nn.Linear):
                 if self.cfg.tie_embeddings and mod is self.lm_head:
                     continue  # its weight is wte's, drawn under the name wte.weight
                 resid = name.endswith(("attn.o_proj", "mlp.proj"))
-                _normal_(mod.weight, resid_std if resid else std, self.seed, f"{name}.weight")
+                # mlp.proj's units (the MLP's hidden units) are its input columns
+                _normal_(mod.weight, resid_std if resid else std, self.seed, f"{name}.weight",
+                         nested, units_last=name.endswith("mlp.proj"))
                 if mod.bias is not None:
                     nn.init.zeros_(mod.bias)
             elif isinstance(mod, nn.Embedding):
-                _normal_(mod.weight, std, self.seed, f"{name}.weight")
+                _normal_(mod.weight, std, self.seed, f"{name}.weight", nested)
             elif isinstance(mod, (nn.LayerNorm, RMSNorm)):
                 nn.init.ones_(mod.weight)
                 if getattr(mod, "bias", None) is not None:
