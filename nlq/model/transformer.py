@@ -9,10 +9,8 @@ from __future__ import annotations
 
 import json
 import math
-import zlib
 from pathlib import Path
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
@@ -20,6 +18,7 @@ from torch import nn
 
 from nlq.errors import NlqError
 from nlq.model.config import ModelConfig, read_model_config
+from nlq.model.init import keyed_normal_
 from nlq.model.layers import RMSNorm
 from nlq.model.loss import linear_cross_entropy
 from nlq.model.query import make_query
@@ -151,29 +150,6 @@ def prefix_lm_mask(T: int, prefix_len, device=None) -> torch.Tensor:
     return causal | ((i[None, :] < p) & (i[:, None] < p))  # (B, 1, T, T)
 
 
-def _normal_(w: torch.Tensor, std: float, seed: int, name: str, nested: bool = False,
-             units_last: bool = False) -> None:
-    """w <- N(0, std^2) drawn on the CPU from a generator seeded by (seed, name): the same
-    values on every device and whatever the module order (see reset_parameters).
-
-    nested (model.init_nested): drawn from numpy's PCG64, whose normals come one after the
-    other, so the first k values of a stream are the same however many are drawn; a matrix
-    is filled unit by unit (row by row, or with units_last column by column), so a tensor
-    with more units (or longer units) starts with the smaller one's values."""
-    if w.is_meta:  # counting parameters (nlq/model/params.py): nothing to draw
-        return
-    if nested:
-        key = np.random.SeedSequence([seed, zlib.crc32(name.encode()), 1])
-        shape = tuple(w.shape[::-1]) if units_last else tuple(w.shape)
-        z = np.random.Generator(np.random.PCG64(key)).standard_normal(shape, np.float32)
-        z = torch.from_numpy(z).mul_(std)  # (units, fan) as drawn
-        w.copy_(z.T if units_last else z)  # back to w's (out, in)
-        return
-    key = np.random.SeedSequence([seed, zlib.crc32(name.encode())]).generate_state(2)
-    g = torch.Generator().manual_seed(int(key[0]) << 32 | int(key[1]))
-    w.copy_(torch.randn(w.shape, generator=g, dtype=torch.float32, device="cpu").mul_(std))
-
-
 class Transformer(nn.Module):
     def __init__(self, cfg: ModelConfig, seed: int | None = None):
         """seed keys every parameter's initial values (reset_parameters); None draws one
@@ -222,12 +198,12 @@ class Transformer(nn.Module):
                     continue  # its weight is wte's, drawn under the name wte.weight
                 resid = name.endswith(("attn.o_proj", "mlp.proj"))
                 # mlp.proj's units (the MLP's hidden units) are its input columns
-                _normal_(mod.weight, resid_std if resid else std, self.seed, f"{name}.weight",
-                         nested, units_last=name.endswith("mlp.proj"))
+                keyed_normal_(mod.weight, resid_std if resid else std, self.seed,
+                              f"{name}.weight", nested, units_last=name.endswith("mlp.proj"))
                 if mod.bias is not None:
                     nn.init.zeros_(mod.bias)
             elif isinstance(mod, nn.Embedding):
-                _normal_(mod.weight, std, self.seed, f"{name}.weight", nested)
+                keyed_normal_(mod.weight, std, self.seed, f"{name}.weight", nested)
             elif isinstance(mod, (nn.LayerNorm, RMSNorm)):
                 nn.init.ones_(mod.weight)
                 if getattr(mod, "bias", None) is not None:
