@@ -94,9 +94,9 @@ class ModelConfig:
     init_nested: bool = False
     """Draw every weight matrix unit by unit (its rows; the MLP's output projection by its
     input columns, the MLP's hidden units) from one prefix-stable stream per tensor, so that a
-    wider MLP starts with the narrower one's values in every hidden unit they share. Seed-
-    paired arms that differ in MLP width (the +12.5% control) then share their initial values
-    as arms that differ in the query do (common random numbers). The same distribution,
+    wider MLP starts with the narrower one's values in every hidden unit they share.
+    Seed-paired arms that differ in MLP width (the +12.5% control) then share their initial
+    values as arms that differ in the query do (common random numbers). The same distribution,
     N(0, std^2) per entry, other values: False keeps the draws of earlier runs. An 8-seed
     pilot at d=64 did not show the control's paired sd falling (docs/experiments.md, "nested
     init"); the study's ladder does not use it."""
