@@ -156,9 +156,9 @@ def _nest(flat: dict[str, Any]) -> dict[str, Any]:
 
 def params_table(experiment: str = "paper", preset: str = "gpt3-small",
                  sets: dict | None = None) -> list[dict]:
-    """`nlq params`: one row per distinct model among the experiment's arms: an arm whose model equals an
-    earlier arm's (it differs in training only, e.g. linear+12.5%-lr) is left out, its name
-    kept in the earlier row's same_model."""
+    """`nlq params`: one row per distinct model among the experiment's arms: an arm whose model
+    equals an earlier arm's (it differs in training only, e.g. linear+12.5%-lr) is left out,
+    its name kept in the earlier row's same_model."""
     from nlq.model.params import count_params, pct_vs
 
     exp = load_experiment(experiment)

@@ -2,12 +2,12 @@
 submitit (nlq/experiments/launch.py has the interface and the other launchers).
 
 `--slurm FILE` is a TOML file whose [slurm] table holds the cluster's settings, every key
-checked (nlq/experiments/slurm_settings.py); --jobs of the runs are submitted at once and the scheduler decides where
-and when they run. `executor = "local"` runs the same jobs through submitit's local executor
-instead (for tests, and to try a table on a laptop). Each job runs `nlq train` as its child
-(TrainRun), so the bookkeeping of nlq/experiments/plan.py and runner.py is the same as for
-the other launchers: skip finished runs, resume killed ones, refuse a changed config,
-failures.json.
+checked (nlq/experiments/slurm_settings.py); --jobs of the runs are submitted at once and the
+scheduler decides where and when they run. `executor = "local"` runs the same jobs through
+submitit's local executor instead (for tests, and to try a table on a laptop). Each job runs
+`nlq train` as its child (TrainRun), so the bookkeeping of nlq/experiments/plan.py and
+runner.py is the same as for the other launchers: skip finished runs, resume killed ones,
+refuse a changed config, failures.json.
 """
 
 from __future__ import annotations
@@ -48,9 +48,9 @@ class TrainRun:
     its next step boundary and exits. submitit's time-limit / preemption signal (SIGUSR2,
     signal_delay_s before the limit) calls checkpoint(): the child checkpoints and stops, and
     submitit requeues the job with this object, which then resumes the run (the child ignores
-    SIGUSR2 itself, started with it blocked: Slurm sends it to every process of the job
-    step, and its default action is to end the process). A run dir that holds a run already (a requeued job, Slurm's own
-    requeue after a node failure) is resumed, never started again."""
+    SIGUSR2 itself, started with it blocked: Slurm sends it to every process of the job step,
+    and its default action is to end the process). A run dir that holds a run already (a
+    requeued job, Slurm's own requeue after a node failure) is resumed, never started again."""
 
     def __init__(self, cmd: list[str], run_dir: str, cwd: str, threads: int,
                  also: tuple[str, ...] = ()):

@@ -1,5 +1,5 @@
-"""What of an experiment, sweep or study folder is worth committing: everything a reader needs to check
-the report and `nlq report` needs to rebuild it, and none of the weights.
+"""What of an experiment, sweep or study folder is worth committing: everything a reader needs
+to check the report and `nlq report` needs to rebuild it, and none of the weights.
 
 Kept: the folder's experiment.toml, lrs.json, report.md/json, fig1.png and the sweep's
 sweep.json/png and sweep-plan.json; per run, arm.json, config.toml, summary.json,
