@@ -189,7 +189,8 @@ class Transformer(nn.Module):
         share by name and shape (embeddings, K, V, output projections, ...), whatever else
         differs (a wider MLP, another query module), so seed-paired arms differ only where
         their architectures do. With model.init_nested, tensors of other shapes share their
-        common units too (_normal_): a wider MLP's first hidden units are the narrower one's."""
+        common units too (nlq/model/init.py): a wider MLP's first hidden units are the
+        narrower one's."""
         std, nested = self.cfg.init_std, self.cfg.init_nested
         resid_std = std / math.sqrt(2 * self.cfg.n_layer)
         for name, mod in self.named_modules():
