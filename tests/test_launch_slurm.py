@@ -203,7 +203,7 @@ account = "proj"
 qos = "normal"
 constraint = "a100"
 signal_delay_s = 120
-setup = ["module load cuda", "source .venv/bin/activate"]
+setup = ["module load cuda", "export NCCL_DEBUG=WARN"]
 additional_parameters = { mail-type = "END" }
 """
 
@@ -247,7 +247,7 @@ def test_sbatch_script_holds_the_table_and_the_job_runs_nlq_train(cluster, tmp_p
                  "--account=proj", "--qos=normal", "--constraint=a100", "--signal=USR2@120",
                  "--mail-type=END", "--cpus-per-task=2", "--job-name=nlq-linear-seed0"):
         assert f"#SBATCH {line}" in script, line
-    assert "module load cuda\nsource .venv/bin/activate\n" in script
+    assert "module load cuda\nexport NCCL_DEBUG=WARN\n" in script
     assert "srun" in script and "submitit.core._submit" in script
     pkl = next((tmp_path / "out" / "slurm").glob("*_submitted.pkl"))
     task = submitit.core.utils.DelayedSubmission.load(pkl).function
