@@ -301,9 +301,8 @@ def test_export_run_copies_one_finished_run_as_nlq_export_does(tmp_path):
 
     src = tmp_path / "study"
     sweep = src / "S9" / "sweep"
-    (src / "study.json").parent.mkdir(parents=True)
+    sweep.mkdir(parents=True)
     (src / "study.json").write_text("{}")
-    (src / "S9" / "sweep").mkdir(parents=True)
     (src / "S9" / "rung.json").write_text('{"name": "S9"}')
     (sweep / "sweep-plan.json").write_text('{"grid": [1]}')
     runs = [sweep / "runs" / "lr0.001" / "linear" / f"seed{i}" for i in (1000, 1001)]

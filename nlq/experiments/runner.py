@@ -170,8 +170,9 @@ def run_all(specs: list[RunSpec], exp, jobs: int, out: Path,
                 running.remove(job)
                 job.log.close()
                 for s in job.key:  # a stack's runs: each finished or not on its own
-                    _ended(s, job, out, command, causes, failed, stopped, twice, signals, bar)
-                    if after_run is not None and (s.run_dir / runfiles.SUMMARY).is_file():
+                    done = _ended(s, job, out, command, causes, failed, stopped, twice,
+                                  signals, bar)
+                    if done and after_run is not None:
                         try:
                             after_run(s.run_dir)
                         except (OSError, NlqError) as e:  # a full disk there: train on
@@ -193,9 +194,10 @@ def run_all(specs: list[RunSpec], exp, jobs: int, out: Path,
 
 
 def _ended(s: RunSpec, job, out: Path, command: str, causes: dict, failed: list,
-           stopped: list, twice: list, signals: list, bar) -> None:
-    """Book run s of a job that ended: finished (its summary), stopped by the command's
-    signal, or failed (its cause recorded in OUT/failures.json; twice alike is noted)."""
+           stopped: list, twice: list, signals: list, bar) -> bool:
+    """Book run s of a job that ended: finished (its summary; returns True), stopped by the
+    command's signal, or failed (its cause recorded in OUT/failures.json; twice alike is
+    noted)."""
     summ = read_summary(s.run_dir)[0]  # a stack's run may finish though another failed
     key = str(s.run_dir.relative_to(out)) if s.run_dir.is_relative_to(out) else str(s.run_dir)
     if summ is not None and causes.pop(key, None) is not None:
@@ -213,6 +215,7 @@ def _ended(s: RunSpec, job, out: Path, command: str, causes: dict, failed: list,
         causes[key] = cause
         write_atomic(out / FAILURES, json.dumps(causes, indent=2))
         bar.write(f"{command}: {s.arm} {s.run_dir.name} failed: {cause}")
+    return summ is not None
 
 
 def _read_failures(path: Path) -> dict[str, str]:

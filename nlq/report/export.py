@@ -57,8 +57,7 @@ def export_run(src: str | Path, run: str | Path, dest: str | Path) -> list[Path]
         return []
     rel = run.relative_to(src)
     written = []
-    for depth in range(len(rel.parts)):  # src, then each folder down to the run's parent
-        folder = rel.parents[len(rel.parts) - 1 - depth]
+    for folder in reversed(rel.parents):  # src ("."), then down to the run's parent
         for name in (*FOLDER_FILES, "rung.json"):
             if (src / folder / name).is_file():
                 (dest / folder).mkdir(parents=True, exist_ok=True)
