@@ -47,6 +47,7 @@ from nlq.data.shards import ShardWriter, commit
 from nlq.data.split import PARTS, TRAIN, Split, split_docs
 from nlq.errors import NlqError
 from nlq.fsutil import unlock
+from nlq.progress import bar_interval
 
 # the encoding (encode.py) and the output folder's checks (outdir.py) live beside prepare;
 # their names stay importable from here
@@ -241,7 +242,7 @@ def write_shards(src: sources.Source, split: Split, tok, tok_key: tuple,
     # encode_task and TASK_CHARS by this module's names: a caller (the tests) may swap them
     # here, e.g. for a task that fails midway or for smaller tasks
     with tqdm(total=src.n_bytes, unit="B", unit_scale=True, desc="tokenizing",
-              disable=None if progress is None else not progress) as bar:
+              mininterval=bar_interval(), disable=None if progress is None else not progress) as bar:
         for arrs, n_docs, n_bytes in encode_all(
                 job, tasks(split_docs(src.iterate(), split), TASK_CHARS), workers, pool,
                 encode_task):

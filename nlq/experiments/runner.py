@@ -29,6 +29,7 @@ from nlq.errors import NlqError
 from nlq.experiments.launch import LauncherSpec, make_launcher
 from nlq.experiments.plan import RunSpec, run_states, stack_groups
 from nlq.fsutil import write_atomic
+from nlq.progress import bar_interval
 from nlq.runfiles import read_summary
 
 
@@ -132,7 +133,7 @@ def run_all(specs: list[RunSpec], exp, jobs: int, out: Path,
     twice: list[tuple[str, str]] = []  # runs that failed again as they did last time
     signals: list[int] = []
     bar = tqdm(total=total, initial=sum(done_steps.values()), unit="step", dynamic_ncols=True,
-               desc=f"{len(todo)} runs", file=sys.stderr)
+               desc=f"{len(todo)} runs", file=sys.stderr, mininterval=bar_interval())
 
     def on_signal(signum, _frame):
         # no new run starts; every running child gets SIGTERM (from a terminal, Ctrl-C has

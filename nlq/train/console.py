@@ -8,6 +8,8 @@ import signal
 import sys
 import types
 
+from nlq.progress import bar_interval
+
 
 @contextlib.contextmanager
 def stop_on_signals():
@@ -35,7 +37,7 @@ def progress_bar(run, step: int, progress: bool):
     from tqdm import tqdm
 
     bar = tqdm(total=run.cfg.train.max_steps, initial=step, desc=run.files.path.name,
-               unit="step", dynamic_ncols=True, file=sys.stderr)
+               unit="step", dynamic_ncols=True, file=sys.stderr, mininterval=bar_interval())
     try:
         yield bar
     finally:
