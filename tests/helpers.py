@@ -104,6 +104,14 @@ def make_bpe_data(d: Path) -> Path:
     (d / "meta.json").write_text(json.dumps(meta))
     return d
 
+def tiny_model(**kw) -> ModelConfig:
+    """A 2-layer, d=32 model config for tests that build modules directly, with overrides."""
+    base = {"vocab_size": 100, "block_size": 16, "n_layer": 2, "n_head": 4, "d_model": 32,
+            "mlp_hidden": 64}
+    base.update(kw)
+    return ModelConfig(**base)
+
+
 def tiny_config(data_dir: Path | str, **overrides) -> Config:
     """The tiny test config (about a second to train) with dotted overrides, e.g.
     tiny_config(d, **{"train.max_steps": 10})."""

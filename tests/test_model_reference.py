@@ -17,19 +17,13 @@ import math
 
 import pytest
 import torch
+from helpers import tiny_model as tiny
 
 from nlq.model.config import ModelConfig
 from nlq.model.query import QUERIES
 from nlq.model.transformer import Transformer
 
 TOL = {"rtol": 0, "atol": 1e-9}  # float64
-
-
-def tiny(**kw) -> ModelConfig:
-    base = {"vocab_size": 100, "block_size": 16, "n_layer": 2, "n_head": 4, "d_model": 32,
-            "mlp_hidden": 64}
-    base.update(kw)
-    return ModelConfig(**base)
 
 
 @torch.no_grad()

@@ -11,18 +11,12 @@ import struct
 
 import pytest
 import torch
+from helpers import tiny_model as tiny
 
 from nlq.config import ModelConfig
 from nlq.errors import NlqError
 from nlq.model.query import QUERIES
 from nlq.model.transformer import Transformer
-
-
-def tiny(**kw) -> ModelConfig:
-    base = {"vocab_size": 100, "block_size": 16, "n_layer": 2, "n_head": 4, "d_model": 32,
-            "mlp_hidden": 64}
-    base.update(kw)
-    return ModelConfig(**base)
 
 
 def trained_like(cfg: ModelConfig, seed: int = 0) -> Transformer:
