@@ -128,7 +128,7 @@ def test_find_cycle_reports_the_cycle():
 # run's config is built on top of it. BASE: files every floor may import, which import
 # nothing of nlq but each other.
 BASE = {"nlq", "nlq.errors", "nlq.checks", "nlq.extras", "nlq.fsutil", "nlq.sysinfo",
-        "nlq.runfiles"}
+        "nlq.runfiles", "nlq.progress"}
 # Each subpackage, bottom to top, with the floors it may import besides base files (the
 # table of docs/architecture.md). nlq/run/ holds what a run's training and its later use
 # share, so that nlq/train/ and nlq/infer/ stand side by side and neither imports the other.

@@ -33,7 +33,9 @@ def add_arguments(p) -> None:
     p.add_argument("--stacked", action="store_true",
                    help="train as a stack even one config (the stacked recipe: the plain model "
                         "under vmap), as a study's stacked rung trains a seed left on its own")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--no-progress", action="store_true",
+                   help="no progress bar (on a terminal it redraws every 0.1 s, into a file "
+                        "or pipe every 30 s)")
 
 
 def run(args) -> int:
