@@ -16,6 +16,7 @@ messages in process; here they run as processes with the earlier data dir snapsh
 
 from __future__ import annotations
 
+import itertools
 import json
 import shutil
 import subprocess
@@ -240,7 +241,7 @@ def build_cases(tmp: Path, data: Path, ref: Path, nl: Path) -> dict[str, Case]:
         for f, b in (body or {}).items():
             (src / name / f).write_bytes(b)
     first = make_data(tmp / "earlier-data", n_train=2000, n_val=400)
-    copies = iter(range(100))
+    copies = itertools.count()
 
     def earlier() -> Path:
         # a copy per case: the cases run 3 at a time, and two prepares into one folder would
@@ -251,20 +252,21 @@ def build_cases(tmp: Path, data: Path, ref: Path, nl: Path) -> dict[str, Case]:
         c[name] = Case(["prepare", *args, "--workers", "1"], names,
                        unchanged=(over,) if over else ())
 
-    def prepare_over(name: str, source: Path, *args, names=()):
-        d = earlier()
-        prepare(name, "--source", source, "--out", d, *args, names=names(d), over=d)
-
-    prepare_over("empty corpus", src / "empty", "--force",
-                 names=lambda _: (str(src / "empty"), "no .txt"))
-    prepare_over("corpus of blank files", src / "blank", "--force",
-                 names=lambda _: (str(src / "blank"), "no text"))
-    prepare_over("non-UTF-8 text", src / "latin1", "--force",
-                 names=lambda _: (str(src / "latin1" / "a.txt"), "UTF-8", "0xe4"))
-    prepare_over("binary file as text", src / "binary", "--force",
-                 names=lambda _: (str(src / "binary" / "a.txt"), "binary"))
-    prepare_over("prepare over other data without --force", src / "latin1",
-                 names=lambda d: (str(d), "--force"))
+    d = earlier()
+    prepare("empty corpus", "--source", src / "empty", "--out", d, "--force",
+            names=(str(src / "empty"), "no .txt"), over=d)
+    d = earlier()
+    prepare("corpus of blank files", "--source", src / "blank", "--out", d, "--force",
+            names=(str(src / "blank"), "no text"), over=d)
+    d = earlier()
+    prepare("non-UTF-8 text", "--source", src / "latin1", "--out", d, "--force",
+            names=(str(src / "latin1" / "a.txt"), "UTF-8", "0xe4"), over=d)
+    d = earlier()
+    prepare("binary file as text", "--source", src / "binary", "--out", d, "--force",
+            names=(str(src / "binary" / "a.txt"), "binary"), over=d)
+    d = earlier()
+    prepare("prepare over other data without --force", "--source", src / "latin1", "--out", d,
+            names=(str(d), "--force"), over=d)
     prepare("prepare --out is a file", "--out", okc, names=(str(okc), "not a folder"))
     prepare("unknown tokenizer size", "--tokenizer", "bpe:0", "--out", out("p-tok"),
             names=("bpe:0",))
