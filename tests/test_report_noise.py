@@ -14,6 +14,8 @@ from test_report import declare_paper, make_run
 
 from nlq.errors import NlqError
 from nlq.report.bootstrap import paired_bootstrap
+from nlq.report.claims import find_claims
+from nlq.report.compare import outcome
 from nlq.report.report import build_report, summary_lines
 from nlq.report.runs import collect
 
@@ -275,3 +277,62 @@ def test_replicates_are_listed_seed_by_seed_whatever_the_order_of_the_run_dirs(t
     b = build_report(by_seed, tmp_path / "b")["numerical_noise"]["replicates"]
     assert [(x["arm"], x["seed"]) for x in a] == [(x["arm"], x["seed"]) for x in b]
     assert [x["seed"] for x in a] == [0, 0, 1, 1]
+
+
+def _machine_experiment(root, gains):
+    """linear, linear+12.5% and nonlinear (the paper's claims, control included), seed k on
+    machine "A" or "B" as gains[k] = (machine, nonlinear's gain) says; linear+12.5% 1% below
+    linear everywhere."""
+    rng = np.random.default_rng(1)
+    tokens = [int(t) for t in rng.integers(200, 400, size=30)]
+    for k, (machine, gain_nl) in enumerate(gains):
+        rec = {"threads": 1, "isa": "AVX2" if machine == "A" else "AVX512", "cpu": machine}
+        base = rng.uniform(3.0, 4.0, size=30) * np.array(tokens)
+        for arm, gain in (("linear", 0.0), ("linear+12.5%", -0.01), ("nonlinear", gain_nl)):
+            d = make_run(root, arm, k, [9.0, 6.0, 5.0, 4.5],
+                         {"model.query": "nonlinear"} if arm == "nonlinear" else None)
+            write_test(d, base * (1 + gain + rng.normal(0, 0.001)), tokens, rec)
+    return declare_paper(root, control=True)
+
+
+def test_each_machines_runs_alone_are_a_report_of_those_runs(tmp_path):
+    """The report's per-machine rows equal what a report of only that machine's runs finds."""
+    exp = _machine_experiment(tmp_path / "exp", [("A", -0.02)] * 4 + [("B", -0.015)] * 4)
+    rep = build_report([exp], tmp_path / "all")
+    groups = rep["numerical_noise"]["by_machine"]
+    assert [(g["cpu"], g["n_runs"]) for g in groups] == [("A", 12), ("B", 12)]
+    for g, seeds in zip(groups, (range(4), range(4, 8)), strict=True):
+        dirs = [exp / "runs" / a / f"seed{k}" for a in ("linear", "linear+12.5%", "nonlinear")
+                for k in seeds]
+        alone = build_report(dirs, tmp_path / g["cpu"], claims=find_claims([exp], dirs))
+        want = [alone["positive_control"], *alone["preregistered"]]
+        assert alone["numerical_noise"]["by_machine"] == []  # one machine: no such section
+        for row, c in zip(g["comparisons"], want, strict=True):
+            assert (row["arm"], row["against"], row["n_seeds"]) == (c["arm"], c["against"], 4)
+            assert row["mean_pct"] == pytest.approx(c["mean_pct"])
+            assert row["ci95"] == pytest.approx(c["ci95"])
+            if row["role"] == "pre-registered":
+                assert row["p_holm"] == pytest.approx(c["p_holm"])
+                assert row["outcome"] == outcome(c) and not row["reversed"]
+            else:
+                assert row["outcome"] == "passes"
+    md = (tmp_path / "all" / "report.md").read_text()
+    assert "| comparison | role | A, AVX2, 1 thread(s) (12 runs) | B, AVX512, 1 thread(s) (12 runs) |" in md
+    assert "no verdict reverses on any machine." in md
+
+
+def test_a_verdict_that_reverses_on_one_machine_is_said(tmp_path):
+    """nonlinear 3% below linear on machine A's six seeds, 0.5% above on B's three: the whole
+    says it beats linear; B's runs alone say it is worse, and the report says so."""
+    exp = _machine_experiment(tmp_path / "exp", [("A", -0.03)] * 6 + [("B", 0.005)] * 3)
+    rep = build_report([exp], tmp_path / "out")
+    whole = {(c["arm"], c["against"]): c for c in rep["preregistered"]}
+    assert rep["verdicts_allowed"]
+    assert outcome(whole[("nonlinear", "linear")]) == "beats"
+    b = rep["numerical_noise"]["by_machine"][1]
+    row = next(x for x in b["comparisons"] if (x["arm"], x["against"]) == ("nonlinear", "linear"))
+    assert (row["outcome"], row["whole"], row["reversed"], row["n_seeds"]) == (
+        "worse", "beats", True, 3)
+    md = (tmp_path / "out" / "report.md").read_text()
+    assert "**reverses** for nonlinear vs linear on B, AVX512, 1 thread(s)" in md
+    assert any("**reverses**" in line for line in summary_lines(rep))

@@ -24,6 +24,7 @@ def noise_section(rep: dict) -> list[str]:
     L += ["", (f"Machines: {', '.join(n['machines'])}; ISA paths: {', '.join(n['isas'])} (each "
           f"run's in report.json). The same config gives the same bits only at the same "
           f"thread count on the same ISA."), ""]
+    L += machine_lines(rep)
     if not n["measured"]:
         return L + [("Rounding noise was not measured: no run was trained again at another "
                      "thread count. A run's final loss is a chaotic function of the order its "
@@ -76,6 +77,59 @@ def noise_section(rep: dict) -> list[str]:
                      + (" (**changes**)" if x["primary"] != x["swapped"] else " (unchanged)"))
         L.append("")
     return L
+
+
+def _group_name(g: dict) -> str:
+    return f"{g['cpu']}, {g['isa']}, {g['threads']} thread(s)"
+
+
+def machine_lines(rep: dict) -> list[str]:
+    """The control and the pre-registered comparisons on each machine's runs alone
+    (nlq.report.noise.by_machine), where the runs come from more than one."""
+    groups = (rep.get("numerical_noise") or {}).get("by_machine") or []
+    if not groups:
+        return []
+    L = ["| comparison | role | " + " | ".join(f"{_group_name(g)} ({g['n_runs']} runs)"
+                                               for g in groups) + " |",
+         "|---|---|" + "---|" * len(groups)]
+    for i, c in enumerate(groups[0]["comparisons"]):
+        cells = []
+        for g in groups:
+            x = g["comparisons"][i]
+            if "mean_pct" not in x:
+                cells.append(f"– ({x['n_seeds']} seeds)")
+                continue
+            holm = f", Holm p {x['p_holm']:.2g}" if "p_holm" in x else ""
+            cells.append(f"{x['mean_pct']:+.2f}% [{x['ci95'][0]:+.2f}, {x['ci95'][1]:+.2f}] "
+                         f"({x['n_seeds']} seeds{holm}): {_GROUP_OUTCOME[x['outcome']]}")
+        L.append(f"| {c['arm']} vs {c['against']} | {c['role']} | " + " | ".join(cells) + " |")
+    return L + ["", machine_answer(rep), ""]
+
+
+def machine_answer(rep: dict) -> str:
+    """One sentence: whether the verdicts hold on each machine's runs alone."""
+    groups = (rep.get("numerical_noise") or {}).get("by_machine") or []
+    head = ("Each machine's runs alone (a pair keeps the seeds both its arms ran there; Holm "
+            "within each machine; a description beside the verdicts, with fewer seeds than "
+            "the whole): ")
+    if not rep.get("verdicts_allowed"):
+        return head + "shown for the record; the whole gives no verdict to check."
+    rev = [f"{x['arm']} vs {x['against']} on {_group_name(g)}" for g in groups
+           for x in g["comparisons"] if x.get("reversed")]
+    weak = [f"{x['arm']} vs {x['against']} ({_GROUP_OUTCOME[x['whole']]} on the whole) on "
+            f"{_group_name(g)} ({x['n_seeds']} seeds)" for g in groups
+            for x in g["comparisons"] if "whole" in x and x["whole"] != x["outcome"]
+            and not x.get("reversed")]
+    text = (f"**reverses** for {'; '.join(rev)}: such a verdict does not survive a change of "
+            f"machine." if rev else "no verdict reverses on any machine.")
+    if weak:
+        text += (" Not reached there (power or a real difference between machines: these "
+                 "seeds cannot tell): " + "; ".join(weak) + ".")
+    return head + text
+
+
+_GROUP_OUTCOME = {"beats": "beats", "worse": "worse", "none": "no detectable difference",
+                  "no verdict": "no verdict", "passes": "passes", "fails": "fails"}
 
 
 _OUTCOME = {"beats": "beats", "worse": "worse", "none": "no detectable difference",

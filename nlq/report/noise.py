@@ -46,6 +46,52 @@ def machine_rows(runs: list[Run]) -> list[dict]:
             for r in runs]
 
 
+def by_machine(by_arm: dict[str, list[Run]], control: dict | None, comps: list[dict],
+               rejudge: Callable[[dict[str, list[Run]]], tuple[dict | None, list[dict]]]
+               ) -> list[dict]:
+    """Where the primary runs come from more than one machine (CPU, ISA, thread count): the
+    positive control and the pre-registered comparisons on each machine's runs alone (a pair
+    keeps the seeds both its arms ran there; Holm within the group), and, per comparison,
+    whether the whole's outcome holds there. A rerun elsewhere is one more draw of rounding
+    noise; a verdict that reverses on one machine's seeds would not survive it. A group has
+    fewer seeds than the whole, so a verdict may fall to no difference there by power alone:
+    the report says which, a description beside the verdicts, not a test of its own."""
+    def key(r: Run) -> tuple[str, str, str]:
+        return (r.machine("cpu") or NOT_RECORDED, r.machine("isa") or NOT_RECORDED,
+                str(r.machine("threads") or NOT_RECORDED))
+
+    groups = sorted({key(r) for rs in by_arm.values() for r in rs})
+    if len(groups) < 2:
+        return []
+    whole = {(c["arm"], c["against"]): c for c in comps}
+    out = []
+    for g in groups:
+        sub = {a: [r for r in rs if key(r) == g] for a, rs in by_arm.items()}
+        gc, gcomps = rejudge({a: rs for a, rs in sub.items() if rs})
+        rows = []
+        for role, c, w in ([("positive control", gc, control)] if control else []) + [
+                ("pre-registered", c, whole.get((c["arm"], c["against"]))) for c in gcomps]:
+            row = {"arm": c["arm"], "against": c["against"], "role": role,
+                   "n_seeds": c["n_seeds"]}
+            if "problem" in c:
+                row["outcome"] = "no verdict"
+            else:
+                row |= {"mean_pct": c["mean_pct"], "ci95": c["ci95"]}
+                if role == "positive control":
+                    row["outcome"] = "passes" if passed(c) else "fails"
+                else:
+                    row |= {"p_holm": c["p_holm"], "outcome": outcome(c)}
+            if w is not None and "problem" not in w and "problem" not in c:
+                base = ("passes" if passed(w) else "fails") if role == "positive control" \
+                    else outcome(w)
+                row["whole"] = base
+                row["reversed"] = {base, row["outcome"]} == {"beats", "worse"}
+            rows.append(row)
+        out.append({"cpu": g[0], "isa": g[1], "threads": g[2],
+                    "n_runs": sum(len(v) for v in sub.values()), "comparisons": rows})
+    return out
+
+
 def spread(xs: list[float]) -> dict:
     """n, mean, RMS (around 0: the size of the noise, defined from one value) and sd (from 2)."""
     n = len(xs)
@@ -81,6 +127,7 @@ def numerical_noise(by_arm: dict[str, list[Run]], replicates: list[Run], control
         else:
             r.loss_key = p.loss_key
             used[r.run_key] = r
+    out["by_machine"] = by_machine(by_arm, control, comps, rejudge)
     out["measured"] = bool(used)
     if not used:
         return out

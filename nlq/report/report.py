@@ -18,6 +18,7 @@ from nlq.errors import NlqError
 from nlq.report.claims import Claims, find_claims
 from nlq.report.figure import draw_fig1
 from nlq.report.markdown import answer_lines, render_markdown
+from nlq.report.markdown_noise import machine_answer
 from nlq.report.runs import Run, collect
 from nlq.report.summary import summarize
 
@@ -94,8 +95,10 @@ def summary_lines(rep: dict) -> list[str]:
         lines += ["Described (outside the pre-registered comparisons, no verdict):"] + [
             f"- {d}" for d in described]
     share = (rep.get("numerical_noise") or {}).get("share_answer")
+    machines = machine_answer(rep) if (rep.get("numerical_noise") or {}).get("by_machine") \
+        else None
     conv = (rep.get("convergence") or {}).get("answer")
-    return lines + [x for x in (share, conv) if x]
+    return lines + [x for x in (share, machines, conv) if x]
 
 
 def print_summary(rep: dict) -> None:
