@@ -19,7 +19,10 @@ its arm and seed (nlq/report/runs.py), never counted as a seed. From them:
 - each verdict and the control status recomputed with the replicated seeds' primaries
   swapped for their replicates (one swap per replicate thread count). A verdict that
   changes does not survive a change of summation order, and the report gives it as no
-  finding (nlq/report/verdicts.py).
+  finding (nlq/report/verdicts.py);
+- where the primary runs come from more than one machine (CPU, ISA, thread count), the
+  control and the pre-registered comparisons on each machine's runs alone (by_machine): a
+  verdict that reverses on one machine's seeds would not survive a rerun elsewhere.
 """
 
 from __future__ import annotations
