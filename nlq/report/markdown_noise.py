@@ -107,8 +107,11 @@ def machine_lines(rep: dict) -> list[str]:
 
 
 def machine_answer(rep: dict) -> str:
-    """One sentence: whether the verdicts hold on each machine's runs alone."""
+    """One sentence: whether the verdicts hold on each machine's runs alone ("" where the
+    runs come from one machine)."""
     groups = (rep.get("numerical_noise") or {}).get("by_machine") or []
+    if not groups:
+        return ""
     head = ("Each machine's runs alone (a pair keeps the seeds both its arms ran there; Holm "
             "within each machine; a description beside the verdicts, with fewer seeds than "
             "the whole): ")
@@ -128,12 +131,9 @@ def machine_answer(rep: dict) -> str:
     return head + text
 
 
-_GROUP_OUTCOME = {"beats": "beats", "worse": "worse", "none": "no detectable difference",
-                  "no verdict": "no verdict", "passes": "passes", "fails": "fails"}
-
-
 _OUTCOME = {"beats": "beats", "worse": "worse", "none": "no detectable difference",
             "no verdict": "no verdict"}
+_GROUP_OUTCOME = _OUTCOME | {"passes": "passes", "fails": "fails"}  # the control's, too
 
 
 def _rec(x) -> str:

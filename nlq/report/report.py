@@ -95,8 +95,7 @@ def summary_lines(rep: dict) -> list[str]:
         lines += ["Described (outside the pre-registered comparisons, no verdict):"] + [
             f"- {d}" for d in described]
     share = (rep.get("numerical_noise") or {}).get("share_answer")
-    machines = machine_answer(rep) if (rep.get("numerical_noise") or {}).get("by_machine") \
-        else None
+    machines = machine_answer(rep)
     conv = (rep.get("convergence") or {}).get("answer")
     return lines + [x for x in (share, machines, conv) if x]
 
