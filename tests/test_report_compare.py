@@ -13,7 +13,7 @@ import pytest
 from test_report import declare_paper, make_run
 
 from nlq.report.bootstrap import paired_bootstrap
-from nlq.report.compare import control_line, holm
+from nlq.report.compare import control_line, holm, outcome
 from nlq.report.references import Bigram
 from nlq.report.report import build_report, summary_lines
 from nlq.report.stats import detectable, mean_ci, seeds_for_power
@@ -52,11 +52,33 @@ def test_holm_matches_a_hand_computation():
              {"p": 0.04, "per_seed_pct": [1.0, 1.5, 2.0]},
              {"p": 0.03, "per_seed_pct": [0.5, 1.0, 2.0]}]
     holm(comps)
-    # sorted 0.01, 0.03, 0.04 -> 3 x 0.01, max(0.03, 2 x 0.03), max(0.06, 1 x 0.04)
+    # sorted 0.01, 0.03, 0.04 -> 3 x 0.01, max(0.03, 2 x 0.03), max(0.06, 1 x 0.04); the
+    # step-down stops at 0.03 (0.06 >= 0.05), so 0.04 keeps that step's level, not 1 - 0.05
     assert [c["p_holm"] for c in comps] == pytest.approx([0.03, 0.06, 0.06])
-    assert [c["holm_level"] for c in comps] == pytest.approx([1 - 0.05 / 3, 1 - 0.05, 1 - 0.05 / 2])
+    assert [c["holm_level"] for c in comps] == pytest.approx([1 - 0.05 / 3, 1 - 0.05 / 2,
+                                                             1 - 0.05 / 2])
     e = mean_ci([1.0, 2.0, 3.0], 1 - 0.05 / 3)
     assert comps[0]["ci_holm"] == pytest.approx([e.lo, e.hi])
+
+
+def test_holm_gives_no_verdict_after_the_step_down_stops():
+    """Two comparisons with raw p 0.02-0.05 (t-tests over 6 seeds): Holm rejects neither
+    (the smaller one fails at 0.025), so neither Holm interval may exclude 0, though the
+    larger one's would at its own step's 95% level."""
+    st = pytest.importorskip("scipy.stats")
+    comps = []
+    for d in ([1.0, 1.6, 0.1, 2.2, -0.1, 1.3], [0.9, 1.9, 0.1, 2.4, -0.1, 1.6]):
+        p = st.ttest_1samp(d, 0.0).pvalue
+        comps.append({"arm": "a", "against": "b", "p": p, "per_seed_pct": d,
+                      "ci95": [mean_ci(d).lo, mean_ci(d).hi]})
+    p1, p2 = sorted(c["p"] for c in comps)
+    assert 0.025 < p1 < p2 < 0.05  # the case: each excludes 0 at 95%
+    holm(comps)
+    for c in comps:
+        assert c["p_holm"] >= 0.05
+        assert c["holm_level"] == pytest.approx(0.975)
+        assert c["ci_holm"][0] < 0 < c["ci_holm"][1]
+        assert outcome(c) == "none"
 
 
 def test_bootstrap_is_centred_on_identical_arms_and_narrows_with_documents():

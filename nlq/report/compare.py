@@ -6,7 +6,8 @@ the against arm's log-loss, the paired 95% t-interval over seeds, its half-width
 the per-seed differences, a two-level bootstrap interval over seeds and test units (chunks of
 the test stream, or documents for runs that recorded none: nlq/report/bootstrap.py), and, for
 the pre-registered ones, Holm's correction for their number: the i-th smallest of m p-values
-is compared at 0.05 / (m - i + 1), and its interval is the t-interval at that level.
+is compared at 0.05 / (m - i + 1), and its interval is the t-interval at that level (after
+the first comparison Holm cannot reject, at that comparison's level: see holm).
 
 The pre-registered comparisons (the experiment's hypothesis.comparisons, nlq/report/claims.py)
 are the Holm family and the only comparisons that get a verdict: every other statement of
@@ -104,13 +105,23 @@ def judge(control_pair: tuple[str, str] | None, pairs, by_arm: dict[str, list[Ru
 
 def holm(comps: list[dict], alpha: float = 1 - LEVEL) -> None:
     """Holm's step-down correction over the comparisons that have a p-value, in place:
-    p_holm and the t-interval at the level of each one's step."""
+    p_holm and the t-interval at the level of each one's step.
+
+    The step-down stops at the first comparison it cannot reject, and none after it is
+    rejected, however small its own p: from that step on every interval is the one at the
+    stopping step's level (Bonferroni over the comparisons not rejected, as in the intervals
+    compatible with Holm's test, Strassburger & Bretz 2008), so an interval excludes 0 only
+    where p_holm < alpha. (At its own step's level, the comparison after a step i that
+    failed, with p between alpha / (m - i + 1) and alpha / (m - i), would get a verdict its
+    p_holm denies.)"""
     ok = sorted((c for c in comps if "p" in c), key=lambda c: c["p"])
-    m, running = len(ok), 0.0
+    m, running, stop = len(ok), 0.0, None
     for rank, c in enumerate(ok):
         running = max(running, min(1.0, (m - rank) * c["p"]))
         c["p_holm"] = running
-        c["holm_level"] = 1.0 - alpha / (m - rank)
+        if stop is None and running >= alpha:
+            stop = rank
+        c["holm_level"] = 1.0 - alpha / (m - (rank if stop is None else stop))
         e = mean_ci(c["per_seed_pct"], c["holm_level"])
         c["ci_holm"] = [e.lo, e.hi]
 
