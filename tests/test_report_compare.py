@@ -7,6 +7,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -94,6 +95,46 @@ def test_bootstrap_is_centred_on_identical_arms_and_narrows_with_documents():
         assert b["lo"] < b["mean"] < b["hi"]
         widths.append(b["hi"] - b["lo"])
     assert widths[1] < widths[0] / 2  # 16x the documents: about 4x narrower
+
+
+def test_bootstrap_draws_one_set_of_test_units_for_all_seeds():
+    """Every seed is scored on the same test split, so its sampling error is shared: 16 copies
+    of one seed carry no more information about the test split than the seed alone, and the
+    interval must not narrow (drawing units seed by seed made it 4x narrower)."""
+    rng = np.random.default_rng(5)
+    D = 200
+    tok = rng.integers(50, 300, D).astype(float)
+    per_tok = 3 + rng.normal(0, 0.3, D)
+    a1 = (per_tok * (1 + rng.normal(-0.002, 0.03, D)) * tok)[None]  # (1, D)
+    b1, t1 = (per_tok * tok)[None], tok[None]
+    one = paired_bootstrap(a1, b1, t1)
+    copies = paired_bootstrap(*(np.repeat(x, 16, axis=0) for x in (a1, b1, t1)))  # (16, D)
+    ratio = (copies["hi"] - copies["lo"]) / (one["hi"] - one["lo"])
+    assert 0.85 < ratio < 1.15, ratio
+    assert copies["mean"] == pytest.approx(one["mean"])
+
+
+def test_identical_arms_give_no_verdict_and_leave_holm_to_the_rest():
+    """Bit-identical arms have per-seed differences all 0: no t-test (a NaN p would stop Holm
+    at it and depend on the order the pairs are listed in)."""
+    from nlq.report.compare import compare
+    from nlq.report.runs import Run
+
+    rng = np.random.default_rng(2)
+    base = 3 + rng.normal(0, 0.02, 5)
+    losses = {"b": base, "same": base, "good1": base - 0.02 + rng.normal(0, 0.002, 5),
+              "good2": base - 0.03 + rng.normal(0, 0.002, 5)}
+    by_arm = {a: [Run(dir=Path("/nonexistent"), arm=a, seed=i, summary={"val_loss": float(v)})
+                  for i, v in enumerate(vals)] for a, vals in losses.items()}
+    results = []
+    for order in (["same", "good1", "good2"], ["good1", "good2", "same"]):
+        comps = {a: compare(a, "b", by_arm, False) for a in order}
+        holm(list(comps.values()))
+        assert "no t-test" in comps["same"]["problem"] and outcome(comps["same"]) == "no verdict"
+        results.append({a: (c.get("p_holm"), outcome(c)) for a, c in comps.items()})
+        assert all(results[-1][a][1] == "beats" and results[-1][a][0] < 0.05
+                   for a in ("good1", "good2"))
+    assert results[0] == results[1]
 
 
 def test_control_failing_gives_no_verdict_anywhere(tmp_path):

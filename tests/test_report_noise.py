@@ -213,7 +213,8 @@ def test_the_bootstrap_resamples_chunks_where_runs_have_them(tmp_path):
 
 def test_batched_bootstrap_equals_a_plain_loop():
     """The bootstrap weighs replicates in batches; a plain loop over the same draws (one
-    (R, n) pick, then one multinomial row per (replicate, seed)) gives the same interval."""
+    (R, n) pick, then one multinomial row per replicate, shared by its seeds) gives the same
+    interval."""
     rng = np.random.default_rng(4)
     n, D, R = 3, 40, 250
     tok = rng.integers(50, 150, size=(n, D)).astype(float)
@@ -225,8 +226,8 @@ def test_batched_bootstrap_equals_a_plain_loop():
     stat = []
     for r in range(R):
         per_seed = []
+        w = draw.multinomial(D, np.full(D, 1.0 / D))  # the test units of this replicate
         for j in range(n):
-            w = draw.multinomial(D, np.full(D, 1.0 / D))
             s = pick[r, j]
             la, lb = (w @ arm[s]) / (w @ tok[s]), (w @ base[s]) / (w @ tok[s])
             per_seed.append(100 * (la - lb) / lb)

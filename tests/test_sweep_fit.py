@@ -71,6 +71,16 @@ def test_without_a_convex_vertex_inside_the_lowest_grid_point_is_chosen(step, me
     assert fit["lr"] == fit["grid_best"] == lrs[i]
 
 
+def test_the_rounded_lr_stays_within_the_fitted_points():
+    """A vertex just inside the grid's low edge (1.4145e-3 on a grid from 1.414e-3) rounds to
+    1.41e-3, outside every lr tried: the choice is kept at the edge."""
+    lrs = check_grid([1.414e-3, 2e-3, 2.828e-3, 4e-3, 5.657e-3])
+    x_v = math.log(1.4145e-3)
+    fit = fit_lr(lrs, [3 + 0.5 * (math.log(v) - x_v) ** 2 for v in lrs])
+    assert fit["used"] and fit["vertex_lr"] == pytest.approx(1.4145e-3)
+    assert fit["lr"] == lrs[0]
+
+
 def test_grids_of_sqrt2_steps_are_accepted_and_mixed_steps_refused():
     typed = [1e-2, 1.414e-2, 2e-2, 2.828e-2]  # 4 digits as a person types them
     assert check_grid(typed) == typed

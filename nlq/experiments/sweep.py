@@ -126,8 +126,9 @@ def fit_lr(lrs: list[float], means: list[float]) -> dict:
     quadratic loss = a x^2 + b x + c in x = ln(lr), fitted to the grid points within x2 of the
     lowest mean (3 on a x2 grid, 5 on a x sqrt(2) one; at least 3, moved inward at an edge).
     Its vertex is the choice when a > 0 and the vertex lies within the fitted points; else
-    the lowest grid point. The lr is rounded to 3 significant digits: far finer than a fit
-    over a few seeds resolves, and its last bits would depend on the LAPACK that fitted it."""
+    the lowest grid point. The lr is rounded to 3 significant digits (and kept within the
+    fitted points): far finer than a fit over a few seeds resolves, and its last bits would
+    depend on the LAPACK that fitted it."""
     import numpy as np
 
     n = len(lrs)
@@ -144,7 +145,9 @@ def fit_lr(lrs: list[float], means: list[float]) -> dict:
             "vertex_lr": math.exp(x_v) if x_v is not None else None,
             "vertex_loss": c - b * b / (4 * a) if x_v is not None else None,
             "used": used, "grid_best": lrs[i], "grid_best_loss": means[i],
-            "lr": float(f"{math.exp(x_v):.3g}") if used else lrs[i]}
+            # rounded, then kept within the fitted points (rounding may step past the edge)
+            "lr": min(max(float(f"{math.exp(x_v):.3g}"), lrs[lo]), lrs[hi]) if used
+            else lrs[i]}
 
 
 def choose(specs: list[RunSpec], meta: dict) -> dict:

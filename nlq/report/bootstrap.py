@@ -1,12 +1,15 @@
-"""A two-level bootstrap of a paired comparison: over seeds, then over units of the test split
-within each seed.
+"""A bootstrap of a paired comparison over seeds and over the units of the test split.
 
 The paired t-interval (nlq/report/stats.py) sees only seed-to-seed variation; the test split is
-a finite sample of text too. Each replicate draws n seeds with replacement and, within each
-drawn seed, the test units with replacement (the same units for both arms of the pair),
-recomputes each arm's log-loss as sum(nats) / sum(tokens) over the drawn units, and averages
-the per-seed relative differences. The 95% interval is the 2.5 and 97.5 percentiles of the
-replicates.
+a finite sample of text too. Seeds and test units are crossed, not nested: every run is scored
+on the same test split, so its sampling error is shared by all seeds and does not average out
+over them. Each replicate therefore draws n seeds with replacement and, independently, one
+set of test units with replacement, used for every drawn seed and both arms of the pair (the
+pigeonhole bootstrap of a crossed design, Owen 2007, Ann. Appl. Stat. 1(2); it errs on the
+wide side), recomputes each arm's log-loss as sum(nats) / sum(tokens) over the drawn units,
+and averages the per-seed relative differences. The 95% interval is the 2.5 and 97.5
+percentiles of the replicates. (Drawing the units seed by seed, as if each seed had a test
+split of its own, shrank the test split's part of the interval by sqrt(n).)
 
 The units are chunks of block_size scored tokens of the test stream where the runs recorded
 them (nlq/run/scoring.py), else documents: one document holds 44% of the `small` preset's
@@ -36,11 +39,13 @@ def paired_bootstrap(arm_nats: np.ndarray, base_nats: np.ndarray, tokens: np.nda
     stat = np.empty(reps)  # (R,)
     for s in range(0, reps, BATCH):
         p = pick[s:s + BATCH]  # (r, n)
-        # the rows of one (R, n) multinomial draw, in order: batching keeps the stream
-        w = rng.multinomial(D, np.full(D, 1.0 / D), size=p.shape).astype(np.float64)  # (r, n, D)
-        tok = np.einsum("rnd,rnd->rn", w, t[p])  # (r, n)
-        la = np.einsum("rnd,rnd->rn", w, a[p]) / tok  # (r, n)
-        lb = np.einsum("rnd,rnd->rn", w, b[p]) / tok  # (r, n)
+        # one draw of the units per replicate, shared by its seeds: every run is scored on
+        # the same test split, so its sampling error is common to all seeds and does not
+        # average out over them (rows of one (R, D) multinomial draw, in order)
+        w = rng.multinomial(D, np.full(D, 1.0 / D), size=len(p)).astype(np.float64)  # (r, D)
+        tok = np.einsum("rd,rnd->rn", w, t[p])  # (r, n)
+        la = np.einsum("rd,rnd->rn", w, a[p]) / tok  # (r, n)
+        lb = np.einsum("rd,rnd->rn", w, b[p]) / tok  # (r, n)
         stat[s:s + BATCH] = (100.0 * (la - lb) / lb).mean(axis=1)
     full = (100.0 * (a.sum(1) / t.sum(1) - b.sum(1) / t.sum(1)) / (b.sum(1) / t.sum(1))).mean()
     q = (1.0 - level) / 2.0

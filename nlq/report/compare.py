@@ -3,11 +3,11 @@ any of them gets a verdict.
 
 Each comparison (arm vs against, paired by seed) gets: the mean relative difference in % of
 the against arm's log-loss, the paired 95% t-interval over seeds, its half-width, the sd of
-the per-seed differences, a two-level bootstrap interval over seeds and test units (chunks of
-the test stream, or documents for runs that recorded none: nlq/report/bootstrap.py), and, for
-the pre-registered ones, Holm's correction for their number: the i-th smallest of m p-values
-is compared at 0.05 / (m - i + 1), and its interval is the t-interval at that level (after
-the first comparison Holm cannot reject, at that comparison's level: see holm).
+the per-seed differences, a bootstrap interval over seeds and test units, drawn independently
+(chunks of the test stream, or documents for runs that recorded none: nlq/report/bootstrap.py),
+and, for the pre-registered ones, Holm's correction for their number: the i-th smallest of m
+p-values is compared at 0.05 / (m - i + 1), and its interval is the t-interval at that level
+(after the first comparison Holm cannot reject, at that comparison's level: see holm).
 
 The pre-registered comparisons (the experiment's hypothesis.comparisons, nlq/report/claims.py)
 are the Holm family and the only comparisons that get a verdict: every other statement of
@@ -68,7 +68,12 @@ def compare(arm: str, against: str, by_arm: dict[str, list[Run]], test: bool,
         return out
     e = mean_ci(pair.log_loss_pct, level)
     sd = e.sd or 0.0
-    tstat = e.mean / (sd / np.sqrt(pair.n)) if sd > 0 else np.inf * np.sign(e.mean)
+    if not sd > 0:  # e.g. bit-identical arms: a t-test of 0/0 has no p (NaN would upset Holm)
+        out["problem"] = (f"the {pair.n} per-seed differences are all equal "
+                          f"({e.mean:+.3g}%): no t-test")
+        out["mean_pct"] = e.mean
+        return out
+    tstat = e.mean / (sd / np.sqrt(pair.n))
     student_t = need("scipy.stats", "a paired t-test").t
     out |= {"mean_pct": e.mean, "ci95": [e.lo, e.hi], "half_width_95_pct": (e.hi - e.lo) / 2,
             "sd_pct": sd, "p": float(2 * student_t.sf(abs(tstat), pair.n - 1)),

@@ -154,8 +154,9 @@ def _preregistered(rep: dict) -> list[str]:
     boots = {(x["bootstrap"].get("unit", "documents"), x["bootstrap"].get("n_units"))
              for _, x in rows if x.get("bootstrap")}
     units = "; ".join(f"{u} ({n:,} of them)" if n else u for u, n in sorted(boots, key=str))
-    boot = (f"The bootstrap resamples seeds, then test units within each (the same units for "
-            f"both arms): {units}. " if units else
+    boot = (f"The bootstrap resamples seeds and, independently, test units (one draw of units "
+            f"per replicate, for every seed and both arms: every run is scored on the same "
+            f"test split): {units}. " if units else
             "No bootstrap: the runs recorded no per-unit test losses. ")
     L += ["", ("Δ = 100·(arm − against)/against per seed (negative = arm lower). "
           "Half-width: of the paired 95% t-interval. Detectable: the smallest true "
