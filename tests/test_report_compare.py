@@ -116,7 +116,7 @@ def test_bootstrap_draws_one_set_of_test_units_for_all_seeds():
 
 def test_identical_arms_give_no_verdict_and_leave_holm_to_the_rest():
     """Bit-identical arms have per-seed differences all 0: no t-test (a NaN p would stop Holm
-    at it and depend on the order the pairs are listed in)."""
+    at it and depend on the order the pairs are listed in); the pair still counts in m."""
     from nlq.report.compare import compare
     from nlq.report.runs import Run
 
@@ -134,6 +134,10 @@ def test_identical_arms_give_no_verdict_and_leave_holm_to_the_rest():
         results.append({a: (c.get("p_holm"), outcome(c)) for a, c in comps.items()})
         assert all(results[-1][a][1] == "beats" and results[-1][a][0] < 0.05
                    for a in ("good1", "good2"))
+        # the pair with no t-test still counts in the pre-registered family: m = 3
+        first = min((comps["good1"], comps["good2"]), key=lambda c: c["p"])
+        assert first["p_holm"] == pytest.approx(3 * first["p"])
+        assert first["holm_level"] == pytest.approx(1 - 0.05 / 3)
     assert results[0] == results[1]
 
 

@@ -118,9 +118,10 @@ def holm(comps: list[dict], alpha: float = 1 - LEVEL) -> None:
     compatible with Holm's test, Strassburger & Bretz 2008), so an interval excludes 0 only
     where p_holm < alpha. (At its own step's level, the comparison after a step i that
     failed, with p between alpha / (m - i + 1) and alpha / (m - i), would get a verdict its
-    p_holm denies.)"""
+    p_holm denies.) A comparison that could not be computed (no p: missing runs, no t-test)
+    still counts in m: the family is what was pre-registered, not what happened to finish."""
     ok = sorted((c for c in comps if "p" in c), key=lambda c: c["p"])
-    m, running, stop = len(ok), 0.0, None
+    m, running, stop = len(comps), 0.0, None
     for rank, c in enumerate(ok):
         running = max(running, min(1.0, (m - rank) * c["p"]))
         c["p_holm"] = running
