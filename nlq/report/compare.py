@@ -58,6 +58,7 @@ def compare(arm: str, against: str, by_arm: dict[str, list[Run]], test: bool,
     out = {"arm": arm, "against": against, "n_seeds": 0}
     if arm not in by_arm or against not in by_arm:
         out["problem"] = f"no finished run of {arm if arm not in by_arm else against}"
+        out["absent"] = True  # an arm not run (or none of its runs finished): outside Holm's m
         return out
     pair = paired(final(by_arm[arm]), final(by_arm[against]))
     out["n_seeds"] = pair.n
@@ -118,10 +119,11 @@ def holm(comps: list[dict], alpha: float = 1 - LEVEL) -> None:
     compatible with Holm's test, Strassburger & Bretz 2008), so an interval excludes 0 only
     where p_holm < alpha. (At its own step's level, the comparison after a step i that
     failed, with p between alpha / (m - i + 1) and alpha / (m - i), would get a verdict its
-    p_holm denies.) A comparison that could not be computed (no p: missing runs, no t-test)
-    still counts in m: the family is what was pre-registered, not what happened to finish."""
+    p_holm denies.) A comparison of two arms that have runs but no t-test (fewer than 2
+    paired seeds, differences all equal) still counts in m, as pre-registered; one whose arm
+    has no finished run (an arm left out of the command) does not."""
     ok = sorted((c for c in comps if "p" in c), key=lambda c: c["p"])
-    m, running, stop = len(comps), 0.0, None
+    m, running, stop = sum(not c.get("absent") for c in comps), 0.0, None
     for rank, c in enumerate(ok):
         running = max(running, min(1.0, (m - rank) * c["p"]))
         c["p_holm"] = running
