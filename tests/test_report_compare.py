@@ -116,7 +116,8 @@ def test_bootstrap_draws_one_set_of_test_units_for_all_seeds():
 
 def test_identical_arms_give_no_verdict_and_leave_holm_to_the_rest():
     """Bit-identical arms have per-seed differences all 0: no t-test (a NaN p would stop Holm
-    at it and depend on the order the pairs are listed in); the pair still counts in m."""
+    at it and depend on the order the pairs are listed in); the pair still counts in m, a pair
+    with an arm that was not run does not."""
     from nlq.report.compare import compare
     from nlq.report.runs import Run
 
@@ -128,8 +129,9 @@ def test_identical_arms_give_no_verdict_and_leave_holm_to_the_rest():
                   for i, v in enumerate(vals)] for a, vals in losses.items()}
     results = []
     for order in (["same", "good1", "good2"], ["good1", "good2", "same"]):
-        comps = {a: compare(a, "b", by_arm, False) for a in order}
+        comps = {a: compare(a, "b", by_arm, False) for a in order + ["not-run"]}
         holm(list(comps.values()))
+        assert comps.pop("not-run")["absent"]  # an arm left out: outside the family
         assert "no t-test" in comps["same"]["problem"] and outcome(comps["same"]) == "no verdict"
         results.append({a: (c.get("p_holm"), outcome(c)) for a, c in comps.items()})
         assert all(results[-1][a][1] == "beats" and results[-1][a][0] < 0.05
