@@ -390,3 +390,17 @@ def test_a_run_far_above_its_arm_is_flagged_and_kept(tmp_path):
     assert "- linear seed 5: 4.9000 (arm median 4.5000, robust z 54)" in md
     base = next(a for a in rep["arms"] if a["arm"] == "linear")
     assert base["val_loss"]["mean"] == pytest.approx(sum(finals) / len(finals))
+
+
+def test_runs_on_different_val_sets_are_noted(tmp_path):
+    """The val set is eval_batches x micro_batch windows: an arm run at another micro_batch
+    (as an out-of-memory message suggests) reports val losses over other sequences."""
+    for k in range(2):
+        make_run(tmp_path / "exp", "linear", k, [9.0, 6.0, 5.0, 4.5])
+        make_run(tmp_path / "exp", "nonlinear", k, [9.0, 6.0, 5.0, 4.4],
+                 {"model.query": "nonlinear", "train.micro_batch": 2, "train.grad_accum": 2})
+    rep = build_report([tmp_path / "exp"], tmp_path / "out")
+    [note] = [n for n in rep["notes"] if "different val sets" in n]
+    assert "val losses are not over the same sequences" in note
+    same = build_report([tmp_path / "exp" / "runs" / "linear"], tmp_path / "out2")
+    assert not [n for n in same["notes"] if "val sets" in n]

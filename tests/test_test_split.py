@@ -106,3 +106,52 @@ def test_a_data_dir_without_test_split_is_an_error_before_training(tmp_path):
     # without test_eval the same folder trains
     s = train(tiny_config(data, **{"train.test_eval": False}), tmp_path / "r2", progress=False)
     assert s["status"] == "finished" and "test_loss" not in s
+
+
+@pytest.mark.parametrize("arch", ["encoder", "prefix"])
+def test_bidirectional_test_scoring_masks_alike_and_never_attends_to_padding(tmp_path, arch):
+    """An encoder (masked LM) and a prefix-LM look ahead, so a short last window's padding
+    would reach real tokens' attention: each window is scored as a plain forward on its real
+    tokens alone, with the MLM masks keyed by the window's index, so any micro_batch scores
+    the same tokens to the same nats."""
+    import contextlib
+
+    from nlq.data.schedule import MLM_TEST, mlm_corrupt
+    from nlq.run.batches import Batches
+    from nlq.run.scoring import evaluate_test
+    from nlq.run.world import World
+
+    data = make_data(tmp_path / "data")
+    over = ({"model.arch": "encoder", "train.objective": "mlm", "train.mlm_prob": 0.3}
+            if arch == "encoder" else {"model.arch": "prefix", "train.prefix_frac": 0.5})
+    got = []
+    for B in (2, 3):
+        cfg = tiny_config(data, **over, **{"train.micro_batch": B})
+        model = Transformer(cfg.model, seed=0).eval()
+        batches = Batches(cfg, World(), torch.device("cpu"))
+        got.append(evaluate_test(model, batches, World(), contextlib.nullcontext()))
+    assert got[0]["tokens"] == got[1]["tokens"]
+    assert got[0]["nats"] == pytest.approx(got[1]["nats"], rel=1e-6)
+
+    T, td = cfg.model.block_size, TokenData.open(data)
+    windows, owner = doc_windows(td.test_docs(), T, EOT)
+    nats = torch.zeros(len(td.test_docs()), dtype=torch.float64)
+    short = 0
+    with torch.no_grad():
+        for k, w in enumerate(windows):
+            real = int((w >= 0).sum())  # real tokens of the window (T + 1 when full)
+            short += real <= T
+            if arch == "encoder":  # inputs w[:-1]: a short window's last token is one of them
+                n = min(real, T)
+                x, y = mlm_corrupt(w[None, :-1].clamp(min=0), int(td.meta.get("seed", 0)),
+                                   (MLM_TEST,), 0.3, td.meta["mask_id"], td.vocab_size, k)
+                x, y = x[:, :n], y[:, :n]  # (1, n): the window cut to its real length
+                _, loss = model(x, y, reduction="none")
+            else:  # inputs w[:-1], targets w[1:]: real ones up to the last real target
+                n = real - 1
+                x, y = w[None, :n], w[None, 1:n + 1].clone()
+                y[:, : batches.prefix_len] = -1
+                _, loss = model(x, y, prefix_len=batches.prefix_len, reduction="none")
+            nats[owner[k]] += loss.double().sum()
+    assert short > 1  # the case: windows with padding
+    assert got[0]["nats"] == pytest.approx(nats.tolist(), rel=1e-5)

@@ -168,14 +168,19 @@ def val_windows(data: np.ndarray, seed: int, count: int, T: int) -> torch.Tensor
 
 
 def mlm_corrupt(tokens: torch.Tensor, seed: int, key: tuple[int, ...], prob: float,
-                mask_id: int, vocab_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+                mask_id: int, vocab_size: int,
+                first_row: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """BERT masking (Devlin et al. 2019): choose `prob` of the positions; of those 80% become
-    mask_id, 10% a random token, 10% stay. Returns (inputs, targets with -1 = no loss). The
-    draw is a function of (seed, key), so every arm and world size masks the same tokens."""
-    rng = np.random.default_rng([seed, *key])
-    u = rng.random(tokens.shape)
-    how = rng.random(tokens.shape)
-    rand_tok = rng.integers(0, vocab_size, size=tokens.shape)
+    mask_id, 10% a random token, 10% stay. Returns (inputs, targets with -1 = no loss).
+    tokens: (b, T), the windows first_row .. first_row + b - 1 of what `key` names (a step's
+    windows, the val set, the test windows). Each window's draw is a function of (seed, key,
+    its index) alone, so every arm, world size and micro-batch split masks the same tokens."""
+    u, how, rand_tok = (np.empty(tokens.shape), np.empty(tokens.shape),
+                        np.empty(tokens.shape, dtype=np.int64))
+    for j in range(tokens.shape[0]):
+        rng = np.random.default_rng([seed, *key, first_row + j])
+        u[j], how[j] = rng.random(tokens.shape[1]), rng.random(tokens.shape[1])
+        rand_tok[j] = rng.integers(0, vocab_size, size=tokens.shape[1])
     chosen = torch.from_numpy(u < prob)
     inputs = tokens.clone()
     inputs[chosen & torch.from_numpy(how < 0.8)] = mask_id

@@ -111,6 +111,15 @@ def summarize(runs: list[Run], baseline: str = "linear", title: str = "nlq repor
     token_sets = {json.dumps(r["tokens_per_run"]) for r in rows.values()}
     if len(token_sets) > 1:
         notes.append("arms were trained for different numbers of tokens")
+    # the val set is eval_batches x micro_batch windows of block_size: runs that differ there
+    # report val losses over different sequences (their test split is the same)
+    val_sets = {(r.cfg.train.eval_batches * r.cfg.train.micro_batch, r.cfg.model.block_size)
+                for r in done}
+    if len(val_sets) > 1:
+        notes.append("runs were scored on different val sets (eval_batches x micro_batch "
+                     "windows of block_size tokens: " + ", ".join(
+                         f"{n} x {t}" for n, t in sorted(val_sets)) + "): their val losses "
+                     "are not over the same sequences")
     data = _data_info(done, split)
     if len(data["dirs"]) > 1:
         notes.append(f"runs used different data dirs: {', '.join(data['dirs'])}")

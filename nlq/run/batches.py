@@ -29,6 +29,7 @@ from nlq.data.schedule import (
     val_windows,
 )
 from nlq.errors import NlqError
+from nlq.model.transformer import prefix_lm_mask
 from nlq.run.world import World
 
 
@@ -73,6 +74,7 @@ class Batches:
         t, m = cfg.train, cfg.model
         self.t, self.world, self.device = t, world, device
         self.seed, self.T, self.objective = cfg.data.seed, m.block_size, objective(cfg)
+        self.arch = m.arch
         if data is None:
             data = TokenData.open(cfg.data.dir)
             data.check(m.vocab_size, self.T)
@@ -122,19 +124,29 @@ class Batches:
         w = train_batch(self.data.train, self.seed, step, micro, t.micro_batch, t.grad_accum,
                         self.T)  # (B, T+1)
         self.data.check_ids(w, "train", f"a window of step {step + 1}")
-        return self._inputs_targets(w, (MLM_TRAIN, step, micro))
+        # MLM masks keyed by the window's index in the step: the same for any micro-batch split
+        return self._inputs_targets(w, (MLM_TRAIN, step), micro * t.micro_batch)
 
     def val_chunk(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
         """This rank's val chunk i; padding windows get no targets."""
-        # masks keyed by the global chunk index: the same for every world size
-        x, y = self._inputs_targets(self.val[i], (MLM_VAL, i * self.world.size + self.world.rank))
+        # MLM masks keyed by the window's index in the val set: the same for every world size
+        # and micro-batch size (this rank's chunk i is global chunk i * W + rank)
+        x, y = self._inputs_targets(self.val[i], (MLM_VAL,),
+                                    (i * self.world.size + self.world.rank) * self.t.micro_batch)
         y[~self.val_valid[i]] = -1
         return x.to(self.device), y.to(self.device)
 
-    def test_inputs_targets(self, w: torch.Tensor, chunk: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Test windows (b, T+1), -1 = padding, of global chunk `chunk` -> inputs, targets
-        (b, T) on the device; padding carries no loss. MLM masks are keyed by the chunk and
-        the data's split seed, so every run on the data masks the same test tokens."""
+    def test_inputs_targets(self, w: torch.Tensor, chunk: int
+                            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """Test windows (b, T+1), -1 = padding, of global chunk `chunk` (micro_batch windows
+        a chunk) -> inputs, targets (b, T) and the attention mask, on the device; padding
+        carries no loss. MLM masks are keyed by the window's index and the data's split seed,
+        so every run on the data masks the same test tokens whatever its micro_batch.
+
+        The mask (for the model's attn_mask; None = the arch's own) keeps the padding of a
+        short last window out of every real token's attention where attention looks ahead
+        (encoder, a prefix-LM's prefix): the padding ids are real ids to the model. Under the
+        causal mask no real token sees the padding that follows it."""
         pad = w < 0
         w = w.clamp(min=0)
         if self.objective == "clm":
@@ -143,19 +155,29 @@ class Batches:
             if self.prefix_len is not None:
                 y[:, : self.prefix_len] = -1
         else:
-            x, y = mlm_corrupt(w[:, :-1], int(self.data.meta.get("seed", 0)), (MLM_TEST, chunk),
-                               self.t.mlm_prob, self.mask_id, self.data.vocab_size)
+            x, y = mlm_corrupt(w[:, :-1], int(self.data.meta.get("seed", 0)), (MLM_TEST,),
+                               self.t.mlm_prob, self.mask_id, self.data.vocab_size,
+                               chunk * self.t.micro_batch)
             y[pad[:, :-1]] = -1
-        return x.to(self.device), y.to(self.device)
+        mask = None
+        keys = ~pad[:, :-1]  # (b, T) real input tokens
+        if self.arch != "decoder" and not bool(keys.all()):
+            keys[:, 0] = True  # a padding-only row (an idle rank's chunk) still attends somewhere
+            mask = keys[:, None, None, :]  # (b, 1, 1, T): every query, the real keys
+            if self.arch == "prefix" and self.prefix_len is not None:
+                mask = mask & prefix_lm_mask(self.T, self.prefix_len)  # (b, 1, T, T)
+            mask = mask.to(self.device)
+        return x.to(self.device), y.to(self.device), mask
 
-    def _inputs_targets(self, w: torch.Tensor, key: tuple) -> tuple[torch.Tensor, torch.Tensor]:
+    def _inputs_targets(self, w: torch.Tensor, key: tuple,
+                        first_row: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Windows (B, T+1) -> inputs, targets (B, T) each, on the CPU: next tokens (clm)
-        or the masked-out originals (mlm)."""
+        or the masked-out originals (mlm; the windows are first_row.. of what key names)."""
         if self.objective == "clm":
             x, y = w[:, :-1], w[:, 1:].clone()  # (B, T) each
             if self.prefix_len is not None:
                 y[:, : self.prefix_len] = -1
         else:
             x, y = mlm_corrupt(w[:, :-1], self.seed, key, self.t.mlm_prob, self.mask_id,
-                               self.data.vocab_size)
+                               self.data.vocab_size, first_row)
         return x, y

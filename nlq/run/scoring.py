@@ -47,8 +47,11 @@ def evaluate_test(wrapped: torch.nn.Module, batches: Batches, world: World,
     Each document is scored as the model reads documents in training, after an end-of-text
     token: [eot] + doc, cut into consecutive windows of T + 1 tokens (the last one shorter,
     padded with targets that carry no loss), so every token of the document, its closing
-    end-of-text included, is predicted once with the context of its own window. Rank r runs
-    batches r, r+W, ... of micro_batch windows; the sums are all-reduced.
+    end-of-text included, is predicted once with the context of its own window (a decoder's
+    objective; a prefix-LM scores the positions after each window's prefix, a masked LM the
+    masked ones). Where attention looks ahead (encoder, prefix) the padding is kept out of it
+    (Batches.test_inputs_targets). Rank r runs batches r, r+W, ... of micro_batch windows;
+    the sums are all-reduced.
 
     The test stream is every scored token in the order scored (document by document, window
     by window); chunk k holds its tokens k*T .. (k+1)*T - 1, T = block_size scored tokens
@@ -59,8 +62,9 @@ def evaluate_test(wrapped: torch.nn.Module, batches: Batches, world: World,
     over total tokens of the documents."""
     wrapped.eval()
     try:
-        def score(x, y):  # (b, T) inputs and targets -> (1, b, T) losses
-            return wrapped(x, y, prefix_len=batches.prefix_len, reduction="none")[1][None]
+        def score(x, y, mask):  # (b, T) inputs and targets -> (1, b, T) losses
+            return wrapped(x, y, attn_mask=mask, prefix_len=batches.prefix_len,
+                           reduction="none")[1][None]
 
         return score_test(score, 1, batches, world, autocast, split)[0]
     finally:
@@ -70,8 +74,9 @@ def evaluate_test(wrapped: torch.nn.Module, batches: Batches, world: World,
 def score_test(score, K: int, batches: Batches, world: World,
                autocast: contextlib.AbstractContextManager, split: str = "test") -> list[dict]:
     """evaluate_test for K models at once (a stack's members, nlq/train/stacked.py): score(x,
-    y) gives the K models' per-token losses (K, b, T) on (b, T) inputs and targets, -1 = no
-    target; one dict as evaluate_test's per model."""
+    y, mask) gives the K models' per-token losses (K, b, T) on (b, T) inputs and targets, -1 =
+    no target, under the attention mask of Batches.test_inputs_targets (None: the arch's own);
+    one dict as evaluate_test's per model."""
     docs = batches.data.docs(split)  # `nlq eval --split` scores another split the same way
     windows, owner = doc_windows(docs, batches.T, int(batches.data.meta["eot_id"]))
     B, W, dev = batches.t.micro_batch, world.size, batches.device
@@ -85,9 +90,9 @@ def score_test(score, K: int, batches: Batches, world: World,
         w = windows[c * B:(c + 1) * B]  # (b, T+1), b <= B; empty for a padding chunk
         if len(w) == 0:
             w = torch.full((1, batches.T + 1), -1, dtype=torch.long)
-        x, y = batches.test_inputs_targets(w, c)
+        x, y, mask = batches.test_inputs_targets(w, c)
         with autocast:
-            loss = score(x, y)  # (K, b, T)
+            loss = score(x, y, mask)  # (K, b, T)
         rows = owner[c * B:(c + 1) * B].to(dev)
         if len(rows):
             nats.index_add_(1, rows, loss.double().sum(2))

@@ -178,14 +178,16 @@ class Stack:
         stacked weights."""
         m0 = self.members[0]
 
-        def token_nats(params, buffers, x, y):  # (b, T) -> (b, T) nats, fp32 as in _nats
+        def token_nats(params, buffers, x, y, mask):  # (b, T) -> (b, T) nats, fp32 as in _nats
             logits, _ = functional_call(self.base, (params, buffers), (x,),
-                                        {"prefix_len": m0.batches.prefix_len})  # (b, T, V)
+                                        {"prefix_len": m0.batches.prefix_len,
+                                         "attn_mask": mask})  # (b, T, V)
             return F.cross_entropy(logits.float().flatten(0, 1), y.flatten(),  # (b*T, V)
                                    ignore_index=-1, reduction="none").view(y.shape)
 
-        def score(x, y):  # (b, T) -> (K, b, T)
-            return vmap(token_nats, in_dims=(0, 0, None, None))(self.params, self.buffers, x, y)
+        def score(x, y, mask):  # (b, T) -> (K, b, T)
+            return vmap(token_nats, in_dims=(0, 0, None, None, None))(
+                self.params, self.buffers, x, y, mask)
 
         self.base.eval()
         try:
