@@ -404,3 +404,19 @@ def test_runs_on_different_val_sets_are_noted(tmp_path):
     assert "val losses are not over the same sequences" in note
     same = build_report([tmp_path / "exp" / "runs" / "linear"], tmp_path / "out2")
     assert not [n for n in same["notes"] if "val sets" in n]
+
+
+def test_a_seed_without_a_partner_is_named_in_the_comparison_it_leaves(tmp_path):
+    """nonlinear's seed 2 has no finished linear+12.5% run: that pre-registered pair is over
+    seeds 0-1, and the report says which seed left it."""
+    for k in range(3):
+        make_run(tmp_path / "exp", "linear", k, [9.0, 6.0, 5.0, 4.5 + 0.01 * k])
+        make_run(tmp_path / "exp", "nonlinear", k, [9.0, 6.0, 5.0, 4.4 + 0.01 * k],
+                 {"model.query": "nonlinear"})
+        make_run(tmp_path / "exp", "linear+12.5%", k, [9.0, 6.0, 5.0, 4.45 - 0.02 * k],
+                 finished=k < 2)
+    rep = build_report([declare_paper(tmp_path / "exp")], tmp_path / "out")
+    [c] = [c for c in rep["preregistered"] if c["against"] == "linear+12.5%"]
+    assert c["n_seeds"] == 2 and c["unpaired"] == {"nonlinear": [2], "linear+12.5%": []}
+    assert any(n.startswith("nonlinear vs linear+12.5%: seed(s) [2] of nonlinear")
+               for n in rep["notes"])

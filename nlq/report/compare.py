@@ -62,6 +62,8 @@ def compare(arm: str, against: str, by_arm: dict[str, list[Run]], test: bool,
         return out
     pair = paired(final(by_arm[arm]), final(by_arm[against]))
     out["n_seeds"] = pair.n
+    if pair.only_arm or pair.only_base:  # a seed finished in one arm only: not in the pair
+        out["unpaired"] = {arm: pair.only_arm, against: pair.only_base}
     if pair.n < 2:
         out["problem"] = f"{pair.n} paired seed(s): an interval needs at least 2"
         if pair.n:

@@ -130,6 +130,11 @@ def summarize(runs: list[Run], baseline: str = "linear", title: str = "nlq repor
         return judge(claims.positive_control, claims.comparisons, arms, split == "test")
 
     control, comps = rejudge(by_arm)
+    for c in ([control] if control else []) + comps:
+        for a, seeds in (c.get("unpaired") or {}).items():
+            if seeds:
+                notes.append(f"{c['arm']} vs {c['against']}: seed(s) {seeds} of {a} have no "
+                             f"finished partner in the other arm and are not in this comparison")
     noise = numerical_noise(by_arm, replicates, control, comps, rejudge)
     notes += noise["skipped"]
     allowed = (control is None or passed(control)) and not noise.get("control_unstable")
