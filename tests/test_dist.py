@@ -77,6 +77,15 @@ def test_ddp_matches_one_process(tmp_path_factory, cfg, one):
     assert_matches(one, two, atol=1e-5)
 
 
+def test_masked_lm_ddp_matches_one_process(tmp_path_factory, cfg):
+    """A masked LM's ranks hold different numbers of targets: the step is the mean over all
+    of them (the count all-reduced first), as one process computes it."""
+    mlm = cfg.replace(**{"model.arch": "encoder", "train.objective": "mlm",
+                         "train.mlm_prob": 0.15, "train.grad_clip": 0.0})
+    one_mlm = reference_run(tmp_path_factory, mlm)
+    assert_matches(one_mlm, reference_run(tmp_path_factory, mlm, nproc=2), atol=1e-5)
+
+
 @pytest.mark.slow
 def test_fsdp_matches_one_process(tmp_path_factory, cfg, one):
     fsdp = reference_run(tmp_path_factory, cfg.replace(**{"train.parallel": "fsdp"}), nproc=2)

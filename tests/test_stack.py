@@ -278,3 +278,19 @@ def test_every_study_arm_trains_stacked_as_alone(tmp_path_factory, tmp_path):
         assert [r["loss"] for r in a] == pytest.approx([r["loss"] for r in b], rel=1e-4), arm
         assert json.loads((dirs[1] / "summary.json").read_text())["val_loss"] == \
             pytest.approx(lone["val_loss"], rel=1e-4), arm
+
+
+def test_a_masked_lm_stack_trains_as_its_lone_runs(tmp_path_factory, tmp_path):
+    """A masked LM's micro-batches hold different numbers of targets: each member weighs
+    them by its own counts, as a lone run does (nlq/train/loop.py, mlm_weights)."""
+    data = shared_data(tmp_path_factory)
+    mlm = {"model.arch": "encoder", "train.objective": "mlm", "train.mlm_prob": 0.15,
+           "train.test_eval": False, "model.query": "linear"}
+    cfgs = member_cfgs(data, **mlm)
+    stacked = [tmp_path / "stack" / f"seed{k}" for k in range(2)]
+    summaries = train_stack(cfgs, stacked, progress=False)
+    for k, (c, s_dir, s) in enumerate(zip(cfgs, stacked, summaries)):
+        a = train(c, tmp_path / f"alone{k}", progress=False)
+        for rs, ra in zip(metrics(s_dir, "train"), metrics(tmp_path / f"alone{k}", "train")):
+            assert rs["loss"] == pytest.approx(ra["loss"], rel=1e-4)
+        assert s["val_loss"] == pytest.approx(a["val_loss"], rel=1e-4)

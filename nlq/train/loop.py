@@ -210,6 +210,12 @@ def start(run: Run, resume: bool, load=None) -> tuple[Position, bool]:
     cfg, world, run_dir = run.cfg, run.world, run.files.path
     pos, metrics_offset = Position(), None
     fresh = not resume or not checkpoint.any_saved(run_dir)
+    if world.main and cfg.train.warmup >= cfg.train.max_steps - 1:
+        how = ("warmup_steps" if cfg.train.warmup_steps is not None
+               else "the default warmup, max(50, max_steps // 20)")
+        print(f"nlq: warning: {run_dir}: {how} = {cfg.train.warmup} covers all "
+              f"{cfg.train.max_steps} steps: the lr never reaches train.lr nor decays to "
+              f"train.min_lr (set train.warmup_steps below max_steps)", file=sys.stderr)
     if resume and fresh:
         # stopped before its first checkpoint: starting over from step 0 is exact (init,
         # batches and masks are functions of the config), so that is what resuming means
@@ -263,19 +269,23 @@ def train_step(run: Run, step: int) -> tuple[float, float, float]:
         g["lr"] = lr
     torch.manual_seed(step_seed(t.seed, step, world.rank))
     loss_sum = torch.zeros((), device=run.device)
+    weights = mlm_weights(run, step) if run.batches.objective == "mlm" else None
     for i, micro in enumerate(micros):
         x, y = run.batches.train(step, micro)
         with dist.grad_sync(run.wrapped, t.parallel, world, sync=i == len(micros) - 1):
             with run.autocast:
                 _, loss = run.wrapped(x, y, prefix_len=run.batches.prefix_len)
-            # mean over this rank's micro-steps; DDP/FSDP average over ranks
-            (loss / len(micros)).backward()
-        loss_sum += loss.detach()
+            # mean over this rank's micro-steps; DDP/FSDP average over ranks. A masked LM's
+            # micro-batches hold different numbers of targets: each is weighed by its share
+            # of the step's, so the step is the token mean whatever the micro-batch split
+            (loss / len(micros) if weights is None else loss * weights[i]).backward()
+        loss_sum += loss.detach() if weights is None else loss.detach() * weights[i]
     clip = t.grad_clip if t.grad_clip > 0 else float("inf")
     grad_norm = torch.nn.utils.clip_grad_norm_(run.wrapped.parameters(), clip)
     grad_norm = float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor")
                       else grad_norm)
-    train_loss = all_reduce_sum(loss_sum / len(micros), world).item() / world.size
+    mean = loss_sum / len(micros) if weights is None else loss_sum  # this rank's share
+    train_loss = all_reduce_sum(mean, world).item() / world.size
     if not (math.isfinite(train_loss) and math.isfinite(grad_norm)):
         kept = (f"the last good checkpoint in {run.files.path / 'ckpt'} is kept"
                 if checkpoint.any_saved(run.files.path) else "no checkpoint was written yet")
@@ -285,6 +295,17 @@ def train_step(run: Run, step: int) -> tuple[float, float, float]:
     run.optimizer.step()
     run.optimizer.zero_grad(set_to_none=True)
     return lr, train_loss, grad_norm
+
+
+def mlm_weights(run: Run, step: int) -> list[float]:
+    """Per micro-step of this rank, the weight of its mean loss that makes the step the mean
+    over all the step's masked targets (all ranks): its targets / the step's, times the world
+    size (DDP/FSDP average the ranks' gradients). The masks are functions of the step and
+    window alone (nlq/run/batches.py), so they are counted on the CPU before the forwards."""
+    counts = [float((run.batches.train_cpu(step, m)[1] >= 0).sum()) for m in run.batches.micros]
+    total = all_reduce_sum(torch.tensor(sum(counts), dtype=torch.float64, device=run.device),
+                           run.world).item()
+    return [c * run.world.size / max(total, 1.0) for c in counts]
 
 
 def save_checkpoint(run: Run, pos: Position, state_dicts: tuple[dict, dict] | None = None) -> None:

@@ -31,7 +31,7 @@ from nlq.model.layers import RMSNorm
 from nlq.run.batches import Batches
 from nlq.run.scoring import score_test
 from nlq.run.world import World
-from nlq.train.loop import Diverged, lr_at
+from nlq.train.loop import Diverged, lr_at, mlm_weights
 from nlq.train.optim import make_optimizer
 from nlq.train.rundir import RunDir
 from nlq.train.setup import Run
@@ -259,16 +259,24 @@ class Stack:
         for g in self.optimizer.param_groups:
             g["lr"] = lr
         loss_sum = torch.zeros(self.K, device=m0.device)
-        for micro in micros:
+        weights = None
+        if m0.batches.objective == "mlm":  # per member, as a lone run's (nlq/train/loop.py)
+            weights = torch.tensor([mlm_weights(m, step) for m in self.members],
+                                   dtype=torch.float32, device=m0.device).T  # (micros, K)
+        for i, micro in enumerate(micros):
             xs, ys = zip(*(m.batches.train(step, micro) for m in self.members))
             x, y = torch.stack(xs), torch.stack(ys)  # (K, B, T) each
             with m0.autocast:
                 losses = vmap(self._loss)(self.params, self.buffers, x, y)  # (K,)
             # the sum: d(sum)/d(member k's weights) = d(loss k)/d(them)
-            (losses.sum() / len(micros)).backward()
-            loss_sum += losses.detach().float()
+            if weights is None:
+                (losses.sum() / len(micros)).backward()
+                loss_sum += losses.detach().float()
+            else:
+                (losses * weights[i]).sum().backward()
+                loss_sum += losses.detach().float() * weights[i]
         grad_norms = self._clip(t.grad_clip if t.grad_clip > 0 else float("inf"))
-        train_losses = (loss_sum / len(micros)).tolist()
+        train_losses = (loss_sum / len(micros) if weights is None else loss_sum).tolist()
         norms = grad_norms.tolist()
         for k, (loss, gn) in enumerate(zip(train_losses, norms)):
             if k not in self.dead and not (math.isfinite(loss) and math.isfinite(gn)):
@@ -282,7 +290,9 @@ class Stack:
             raise Diverged(f"every run of the stack diverged (the last at step {step + 1}, lr "
                            f"{lr:.3g}): lower train.lr or raise warmup_steps")
         with torch.no_grad():
-            for k in self.dead:  # a diverged member's weights stop changing
+            # a diverged member's gradients are zeroed; AdamW's momentum and decay still move
+            # its slot, but it is never saved or summarised again
+            for k in self.dead:
                 for p in self.params.values():
                     if p.grad is not None:
                         p.grad[k].zero_()
