@@ -92,7 +92,11 @@ def test_grids_of_sqrt2_steps_are_accepted_and_mixed_steps_refused():
 
 def test_sweep_seeds_are_none_of_reproduces_seeds(tmp_path):
     grid = [6e-3, 1.2e-2, 2.4e-2]
-    specs, meta = sweep_plan("paper", "small", None, grid, 4, tmp_path / "sw", None)
+    with pytest.raises(NlqError, match="'linear\\+12.5%' and 'linear\\+12.5%-lr' are the "
+                       "same config once a sweep sets the lr"):
+        sweep_plan("paper", "small", None, grid, 4, tmp_path / "sw", None)  # every paper arm
+    arms = ["linear", "nonlinear", "nonlinear-official", "linear+12.5%", "identity", "residual"]
+    specs, meta = sweep_plan("paper", "small", arms, grid, 4, tmp_path / "sw", None)
     seen = {(s.cfg.train.seed, s.cfg.data.seed) for s in specs}
     evaluated = {(s.cfg.train.seed, s.cfg.data.seed)
                  for s in plan(load_experiment("paper"), "small", 8, None, tmp_path / "rep")}

@@ -87,17 +87,30 @@ def sweep_plan(experiment: str, preset: str, arms: list[str] | None, lrs: list[f
                        f"got {seeds}")
     exp = load_experiment(experiment)
     base = plan(exp, preset, seeds, arms, out, sets, threads)
+
+    def swept(s: RunSpec, lr: float):
+        ratio = s.cfg.train.min_lr / s.cfg.train.lr
+        # the test split is never looked at while choosing: not even computed
+        return s.cfg.replace(**{"train.lr": lr, "train.min_lr": lr * ratio,
+                                "train.test_eval": False,
+                                "train.seed": s.cfg.train.seed + SEED_OFFSET,
+                                "data.seed": s.cfg.data.seed + SEED_OFFSET})
+
+    # an arm that differs from another only by its lr_scale is that arm once the lr is swept
+    firsts: dict[str, object] = {}
+    for s in (s for s in base if s.seed_index == 0 and not s.replicate):
+        cfg = swept(s, lrs[0])
+        same = next((a for a, c in firsts.items() if c == cfg), None)
+        if same is not None:
+            raise NlqError(f"arms {same!r} and {s.arm!r} are the same config once a sweep sets "
+                           f"the lr ({s.arm!r}'s lr_scale only scales the lr the sweep "
+                           f"chooses): list one of them in --arms")
+        firsts[s.arm] = cfg
     specs = []
     for lr in lrs:
         for s in base:
             k = SEED_OFFSET + s.seed_index
-            ratio = s.cfg.train.min_lr / s.cfg.train.lr
-            # the test split is never looked at while choosing: not even computed
-            cfg = s.cfg.replace(**{"train.lr": lr, "train.min_lr": lr * ratio,
-                                   "train.test_eval": False,
-                                   "train.seed": s.cfg.train.seed + SEED_OFFSET,
-                                   "data.seed": s.cfg.data.seed + SEED_OFFSET})
-            specs.append(replace(s, cfg=cfg, seed_index=k, tag=f"{lr_tag(lr)}-",
+            specs.append(replace(s, cfg=swept(s, lr), seed_index=k, tag=f"{lr_tag(lr)}-",
                                  run_dir=out / "runs" / lr_tag(lr) / s.arm / f"seed{k}"))
     meta = {"experiment": exp.name, "preset": preset, "arms": sorted({s.arm for s in base}),
             "grid": lrs, "seeds": seeds, "seed_indices": [SEED_OFFSET + k for k in range(seeds)],
