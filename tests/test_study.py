@@ -394,3 +394,53 @@ def test_gpu_study_script_packs_every_finished_run_when_stopped_or_done(tmp_path
         assert (study_dir / "A" / "compare" / "report.json").is_file()
         summaries = [json.loads(f.read_text()) for f in study_dir.rglob("summary.json")]
         assert {s.get("stack", 1) for s in summaries} == {stack}
+
+
+def test_study_md_hides_a_rung_changed_since_its_runs_and_flags_edges_and_no_control(tmp_path):
+    """The committed S1 rung under a ladder whose S1 is now d=96: its d=64 numbers are not
+    shown as the new rung's; a rung whose sweep ended at a grid edge says so; an experiment
+    without a positive control reads "none declared", not "passed"."""
+    import shutil
+    from pathlib import Path
+
+    from nlq.experiments.study_report import build_study_report
+
+    committed = Path(__file__).parents[1] / "results" / "study"
+    for r in ("S1", "S2"):
+        (tmp_path / r / "compare").mkdir(parents=True)
+        shutil.copy(committed / r / "rung.json", tmp_path / r / "rung.json")
+        shutil.copy(committed / r / "compare" / "report.json", tmp_path / r / "compare")
+    text = (Path(__file__).parents[1] / "nlq" / "experiments" / "ladder.toml").read_text()
+    old = 'set = { "model.d_model" = 64, "model.n_head" = 4, "model.mlp_hidden" = 256 }'
+    assert text.count(old) == 1
+    (tmp_path / "ladder.toml").write_text(text.replace(old, old.replace("64", "96")))
+    rep = json.loads((tmp_path / "S2" / "compare" / "report.json").read_text())
+    rep["lrs"]["edge"] = ["nonlinear"]
+    rep.update(positive_control=None, first_line=None)
+    (tmp_path / "S2" / "compare" / "report.json").write_text(json.dumps(rep))
+    study_rep = build_study_report(load_ladder(tmp_path / "ladder.toml"), tmp_path)
+    md = (tmp_path / "study.md").read_text()
+    [s1] = [line for line in md.splitlines() if line.startswith("| S1 |")]
+    assert "**changed since its runs** (sets): not shown" in s1 and "197,184" not in s1
+    assert "Changed in the ladder since their runs: S1" in md
+    assert [r["status"] for r in study_rep["rungs"][2:4]] == ["changed", "done"]
+    [s2] = [line for line in md.splitlines() if line.startswith("| S2 |")]
+    assert "| none declared |" in s2 and "| passed |" not in s2
+    assert "- **S2**: No positive control declared." in md and "None" not in md
+    assert "lr at the edge of the sweep's grid for nonlinear" in md
+    assert f"  - {rep['preregistered_verdicts'][0]}" in md  # verdicts need no control
+
+
+def test_reproduce_refuses_claims_changed_over_finished_runs(tmp_path):
+    from nlq.errors import NlqError
+    from nlq.experiments.experiment import experiment_toml, load_experiment
+    from nlq.experiments.reproduce import check_claims
+
+    paper = load_experiment("paper")
+    (tmp_path / "experiment.toml").write_text(experiment_toml(paper))
+    check_claims(tmp_path, load_experiment("strong-baseline"))  # no finished run yet: free
+    (tmp_path / "runs" / "linear" / "seed0").mkdir(parents=True)
+    (tmp_path / "runs" / "linear" / "seed0" / "summary.json").write_text("{}")
+    check_claims(tmp_path, paper)  # the same claims: fine
+    with pytest.raises(NlqError, match="hypothesis.comparisons .* claims are fixed before"):
+        check_claims(tmp_path, load_experiment("strong-baseline"))

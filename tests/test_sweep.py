@@ -115,6 +115,28 @@ def test_lrs_from_checks_preset_sets_and_arms(tmp_path):
         read_sweep_lrs(tmp_path / "missing.json", "small", {}, ["linear"])
 
 
+def test_an_lr_at_the_grid_edge_is_carried_into_the_report(tmp_path):
+    """sweep.json's edge flags reach lrs.json and report.md: the arm may be under-tuned."""
+    from pathlib import Path
+
+    from nlq.report.markdown import render_markdown
+
+    f = tmp_path / "sweep.json"
+    f.write_text(json.dumps({"preset": "small", "sets": {}, "commit": "abc",
+                             "chosen": {"linear": {"lr": 0.01}, "nonlinear": {"lr": 0.02}},
+                             "edge": {"linear": False, "nonlinear": True}}))
+    lrs = read_sweep_lrs(f, "small", {}, ["linear", "nonlinear"])
+    assert lrs["edge"] == ["nonlinear"]
+    f.write_text(f.read_text().replace("true", "false"))
+    assert "edge" not in read_sweep_lrs(f, "small", {}, ["linear", "nonlinear"])
+    src = Path(__file__).parents[1] / "results" / "study" / "S2" / "compare" / "report.json"
+    rep = json.loads(src.read_text())
+    assert "edge of the sweep's grid" not in render_markdown(rep)
+    rep["lrs"] = lrs
+    assert "- **At the edge of the sweep's grid:** nonlinear: the lowest val loss" in \
+        render_markdown(rep)
+
+
 def test_sweep_needs_two_seeds(tmp_path):
     p, _ = sweep(tmp_path, tmp_path / "s1", seeds="1")
     assert_user_error(p, "--seeds must be >= 2")

@@ -20,6 +20,7 @@ import sys
 import time
 from pathlib import Path
 
+from nlq import runfiles
 from nlq.config import Config
 from nlq.errors import NlqError
 from nlq.experiments.experiment import Experiment, experiment_arms, experiment_toml, load_experiment
@@ -148,8 +149,12 @@ def read_sweep_lrs(path: Path, preset: str, sets: dict | None, arms: list[str]) 
         if not isinstance(lr, (int, float)) or isinstance(lr, bool) or not lr > 0:
             raise NlqError(f"--lrs-from {path}: chosen.{a}.lr is {lr!r}, not a learning rate "
                            f"(a sweep.json written by `nlq sweep` has one per arm)")
+    edge = result.get("edge") if isinstance(result.get("edge"), dict) else {}
     return {"source": str(path), "commit": result.get("commit"), "dirty": result.get("dirty"),
-            "lrs": {a: result["chosen"][a]["lr"] for a in arms}}
+            "lrs": {a: result["chosen"][a]["lr"] for a in arms},
+            # arms whose best lr was the grid's edge: the best may lie beyond what was tried
+            **({"edge": [a for a in arms if edge.get(a) is True]}
+               if any(edge.get(a) is True for a in arms) else {})}
 
 
 def with_lrs(specs: list[RunSpec], lrs: dict[str, float]) -> list[RunSpec]:
@@ -157,6 +162,27 @@ def with_lrs(specs: list[RunSpec], lrs: dict[str, float]) -> list[RunSpec]:
     return [dataclasses.replace(s, cfg=s.cfg.replace(**{
         "train.lr": lrs[s.arm], "train.min_lr": lrs[s.arm] * s.cfg.train.min_lr / s.cfg.train.lr}))
         for s in specs]
+
+
+def check_claims(out: Path, exp: Experiment) -> None:
+    """Refuse to change the pre-registered claims (ordering, comparisons, positive control)
+    of a folder that holds finished runs: a family chosen after its runs are seen is not
+    pre-registered (use another --out)."""
+    path = out / EXPERIMENT_FILE
+    if not path.is_file() or not any((out / "runs").rglob(runfiles.SUMMARY)):
+        return
+    try:
+        before = load_experiment(path).claims
+    except NlqError:
+        return  # not a file nlq wrote: the runs' configs are checked run by run
+    keys = ("ordering", "comparisons", "positive_control")
+    diff = [k for k in keys if getattr(before, k) != getattr(exp.claims, k)]
+    if diff:
+        k = diff[0]
+        raise NlqError(f"{out} holds finished runs judged under hypothesis.{k} = "
+                       f"{getattr(before, k)!r} ({path}); experiment {exp.name!r} now declares "
+                       f"{getattr(exp.claims, k)!r}: claims are fixed before the runs they "
+                       f"judge (use another --out, or restore the experiment)")
 
 
 def reproduce(experiment: str, preset: str, seeds: int, arm_names: list[str] | None,
@@ -192,7 +218,9 @@ def reproduce(experiment: str, preset: str, seeds: int, arm_names: list[str] | N
     out.mkdir(parents=True, exist_ok=True)
     if lrs is not None:
         write_atomic(out / "lrs.json", json.dumps(lrs, indent=2))
-    # the experiment as resolved, for `nlq report OUT` to find its claims
+    # the experiment as resolved, for `nlq report OUT` to find its claims; claims are fixed
+    # before the runs they judge: not re-declared over finished ones
+    check_claims(out, exp)
     write_atomic(out / EXPERIMENT_FILE, experiment_toml(exp))
     (out / "configs").mkdir(exist_ok=True)
     for s in specs:

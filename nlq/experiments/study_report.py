@@ -18,12 +18,24 @@ from nlq.sysinfo import cpu_name
 
 
 def rung_rows(ladder, out: Path) -> list[dict]:
+    from nlq.experiments.study import RUNG_FILE, rung_record
+
     rows = []
     for name, rung in ladder.rungs.items():
         path = out / name / "compare" / "report.json"
         if not path.is_file():
             rows.append({"rung": name, "description": rung.description,
                          "status": "not finished"})
+            continue
+        try:  # a rung edited since its runs: their numbers are not the ladder's rung
+            before = json.loads((out / name / RUNG_FILE).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            before = None
+        now = rung_record(ladder, rung)
+        if isinstance(before, dict) and before != now:
+            keys = sorted(k for k in set(before) | set(now) if before.get(k) != now.get(k))
+            rows.append({"rung": name, "description": rung.description, "status": "changed",
+                         "changed": keys})
             continue
         try:
             rep = json.loads(path.read_text(encoding="utf-8"))
@@ -46,7 +58,11 @@ def rung_rows(ladder, out: Path) -> list[dict]:
             "rung": name, "description": rung.description, "status": "done",
             "baseline": rep["baseline"], "params_non_embedding": base["params_non_embedding"],
             "tokens_per_run": base["tokens_per_run"], "arms": arms,
-            "control_passed": bool(rep.get("verdicts_allowed")),
+            # None: the experiment declares no positive control (verdicts need none)
+            "control_passed": (bool(rep.get("verdicts_allowed"))
+                               if rep.get("positive_control") else None),
+            "verdicts_allowed": bool(rep.get("verdicts_allowed")),
+            "lr_at_edge": (rep.get("lrs") or {}).get("edge") or [],
             "control": {k: control.get(k) for k in ("arm", "against", "mean_pct", "ci95",
                                                     "half_width_95_pct", "n_seeds")},
             "first_line": rep.get("first_line"),
@@ -103,8 +119,9 @@ def render(rows: list[dict], ladder, m: dict) -> str:
     costs = []
     for r in rows:
         if r["status"] != "done":
-            L.append(f"| {r['rung']} | {r['description']} | | | | not finished |"
-                     + " |" * len(arms))
+            why = ("**changed since its runs** (" + ", ".join(r["changed"]) + "): not shown"
+                   if r["status"] == "changed" else "not finished")
+            L.append(f"| {r['rung']} | {r['description']} | | | | {why} |" + " |" * len(arms))
             continue
         cells = []
         for a in arms:
@@ -118,7 +135,8 @@ def render(rows: list[dict], ladder, m: dict) -> str:
                 cells.append(f"{v['loss']:.4f}, {_fmt(v['delta_pct'])}% "
                              f"[{_fmt(lo)}, {_fmt(hi)}]")
         n = min(v["n_seeds"] for v in r["arms"].values())
-        ctrl = "passed" if r["control_passed"] else "**failed: cannot test the claim**"
+        ctrl = ("none declared" if r["control_passed"] is None else "passed"
+                if r["control_passed"] else "**failed: cannot test the claim**")
         tpp = r["tokens_per_run"] / r["params_non_embedding"]
         L.append(f"| {r['rung']} | {r['description']} | {r['params_non_embedding']:,} | "
                  f"{r['tokens_per_run'] / 1e6:.2f}M ({tpp:.1f} per param) | {n} | {ctrl} | "
@@ -130,8 +148,11 @@ def render(rows: list[dict], ladder, m: dict) -> str:
           f"{m['cuda'] or m['cpu']} ({m['cpu_count']} CPUs), torch {m['torch']}.")]
     L += ["", "## What each rung concluded", ""]
     for r in done:
-        L.append(f"- **{r['rung']}**: {r['first_line']}")
-        if r["control_passed"]:
+        L.append(f"- **{r['rung']}**: {r['first_line'] or 'No positive control declared.'}")
+        if r["lr_at_edge"]:
+            L.append(f"  - lr at the edge of the sweep's grid for {', '.join(r['lr_at_edge'])}: "
+                     f"the best lr may lie beyond what was tried (`{r['rung']}/compare/report.md`)")
+        if r.get("verdicts_allowed", r["control_passed"]):
             L += [f"  - {v}" for v in r["verdicts"]]
         else:  # the pre-registered pairs still have numbers: given, judged by none
             L += [f"  - {c['arm']} vs {c['against']} (pre-registered; described, no verdict): "
@@ -142,13 +163,19 @@ def render(rows: list[dict], ladder, m: dict) -> str:
         for s in r.get("strong_baseline") or []:
             if not (isinstance(s, dict) and s.get("answer")):
                 continue
-            if not r["control_passed"] and (s["nonlinear"], s["strong_baseline"]) in given:
+            if not r.get("verdicts_allowed", r["control_passed"]) and \
+                    (s["nonlinear"], s["strong_baseline"]) in given:
                 continue  # no verdict to combine: the pair's numbers are in the line above
             L.append(f"  - {s['answer']}")
-    not_run = [r["rung"] for r in rows if r["status"] != "done"]
+    not_run = [r["rung"] for r in rows if r["status"] == "not finished"]
     if not_run:
         L += ["", (f"Not finished: {', '.join(not_run)} (`nlq study --rungs "
                    f"{','.join(not_run)}`).")]
+    changed = [r["rung"] for r in rows if r["status"] == "changed"]
+    if changed:
+        L += ["", (f"Changed in the ladder since their runs: {', '.join(changed)}; their runs "
+                   f"answer the rung as it was (its `rung.json`), so they are not shown here: "
+                   f"restore the rung, or name the new one differently.")]
     L += ["", "![scale](scale.png)", ""]
     return "\n".join(L) + "\n"
 
@@ -181,7 +208,7 @@ def draw_scale(rows: list[dict], path: Path) -> None:
                 zip(ys, pts, strict=True)]]
         line = ax.errorbar(xs, ys, yerr=err, marker="o", capsize=3, label=a)
         for x, y, (_, _, ok) in zip(xs, ys, pts, strict=True):
-            if not ok:  # the control failed here: the point cannot test the claim
+            if ok is False:  # the control failed here: the point cannot test the claim
                 ax.plot(x, y, marker="x", color=line[0].get_color(), markersize=12)
     ax.axhline(0.0, color="grey", lw=0.8)
     ax.set_xscale("log")

@@ -84,6 +84,10 @@ def _measured(rep: dict) -> list[str]:
                  f"commit {(lr.get('commit') or 'unknown')[:10]}"
                  f"{', dirty' if lr.get('dirty') else ''}): "
                  + ", ".join(f"{a} {v:.3g}" for a, v in lr["lrs"].items()) + ".")
+        if lr.get("edge"):
+            L.append(f"- **At the edge of the sweep's grid:** {', '.join(lr['edge'])}: the "
+                     f"lowest val loss was the grid's first or last lr, so the best lr may lie "
+                     f"beyond what was tried, and the arm may be under-tuned against the others.")
     else:
         L.append("- Learning rates: the experiment's recipe (not tuned by a sweep).")
     if rep["incomplete"]:
