@@ -213,6 +213,8 @@ def test_nlq_convert_writes_a_gpt2_folder_with_the_runs_tokenizer(run, tmp_path)
     idx = torch.tensor([ids])
     with torch.no_grad():
         assert (hf(idx).logits - ours(idx)[0]).abs().max() < 1e-5
+    # transformers' format: nlq's readers say so instead of failing on its config keys
+    assert_user_error(nlq("eval", tmp_path / "g", "--data", data), "transformers GPT-2 folder")
     nl = Transformer(dataclasses.replace(ours.cfg, query="nonlinear"))
     nl.save_pretrained(tmp_path / "nl")
     assert_user_error(nlq("convert", tmp_path / "nl", "--out", tmp_path / "x"), "query")

@@ -103,6 +103,21 @@ def test_left_padding_with_rope_gives_the_unpadded_logits_and_generate_is_greedy
     assert torch.equal(got, ours.generate(IDX[:, :4], 8, temperature=0))
 
 
+def test_left_padding_with_learned_positions_numbers_the_real_tokens_from_zero():
+    """generate pads a decoder's batch on the left: with a learned position table the real
+    tokens must still sit at positions 0.. (they sat at 6.. and the logits moved by ~3)."""
+    ours = model(query="nonlinear")
+    assert ours.wpe is not None
+    hf = to_hf(ours)
+    padded = torch.cat([torch.zeros(3, 6, dtype=torch.long), IDX[:, :18]], 1)  # (B, T)
+    mask = torch.ones_like(padded)
+    mask[:, :6] = 0
+    with torch.no_grad():
+        short, _ = ours(IDX[:, :18])
+        masked = hf(padded, attention_mask=mask).logits[:, 6:]
+    assert (masked - short).abs().max() <= 1e-5
+
+
 def test_register_is_idempotent_and_maps_the_config_to_the_models():
     register()
     register()
@@ -129,3 +144,10 @@ def test_nlq_convert_to_hf_from_a_checkpoint_loads_in_a_fresh_process(tmp_path):
     with torch.no_grad():
         want, _ = ours(IDX)
     assert (torch.load(tmp_path / "logits.pt") - want).abs().max() <= 1e-5
+    # nlq's own readers (nlq eval, nlq sample) take the folder too, with its step
+    from nlq.infer.load import load_trained
+
+    got = load_trained(tmp_path / "hf")
+    assert got.step == 7
+    with torch.no_grad():
+        assert (got.model(IDX)[0] - want).abs().max() <= 1e-5

@@ -42,10 +42,11 @@ def randomize(m, seed: int = 1):
     return m.eval()
 
 
-def gpt2():
+def gpt2(eps: float = 1e-5):
     cfg = transformers.GPT2Config(
         vocab_size=V, n_positions=T, n_embd=C, n_layer=L, n_head=NH, activation_function="gelu",
-        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=None, eos_token_id=None)
+        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=None, eos_token_id=None,
+        layer_norm_epsilon=eps)
     return randomize(transformers.GPT2LMHeadModel(cfg))
 
 
@@ -59,7 +60,8 @@ def llama(cls="Llama", **kw):
 def nlq_from_gpt2(hf, half: str) -> Transformer:
     """nlq's Transformer with a patched HF GPT-2's weights (nonlinear query)."""
     cfg = ModelConfig(vocab_size=V, block_size=T, n_layer=L, n_head=NH, d_model=C, bias=True,
-                      query="nonlinear", query_args={"half": half})
+                      query="nonlinear", query_args={"half": half},
+                      norm_eps=hf.config.layer_norm_epsilon)
     ours = Transformer(cfg, seed=0).eval()
     h = {k.removeprefix("transformer."): v for k, v in hf.state_dict().items()}
     sd = {k: h[k] for k in ("wte.weight", "wpe.weight", "ln_f.weight", "ln_f.bias")}
@@ -84,9 +86,11 @@ def nlq_from_gpt2(hf, half: str) -> Transformer:
     return ours
 
 
-@pytest.mark.parametrize("bias", [True, False])
-def test_gpt2_nonlinear_patch_matches_nlq(bias):
-    hf = gpt2()
+@pytest.mark.parametrize("bias, eps", [(True, 1e-5), (False, 1e-5), (True, 1e-2)])
+def test_gpt2_nonlinear_patch_matches_nlq(bias, eps):
+    """eps 1e-2: the query's norms take the host's layer_norm_epsilon, as nlq's take its
+    norm_eps."""
+    hf = gpt2(eps)
     with torch.no_grad():
         before = hf(IDX).logits
         assert patch_queries(hf, "nonlinear", bias=bias) is hf

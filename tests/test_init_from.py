@@ -173,3 +173,21 @@ def test_gpt2s_own_activation_is_named(data, tmp_path):
     cfg = tiny_config(data, **{"model.bias": True, "model.n_layer": L, "model.mlp_hidden": 2 * C,
                                "train.init_from": str(tmp_path / "gpt2")})
     assert "'gelu_new'" in init_from.read(cfg).notes[0]
+
+
+def test_a_gpt2_config_that_changes_the_function_is_named(data, tmp_path):
+    """Weights that load into another function are noted: a layer_norm_epsilon other than
+    model.norm_eps, and attention logits left unscaled."""
+    import json
+
+    gpt2_folder(tmp_path / "gpt2")
+    conf = json.loads((tmp_path / "gpt2" / "config.json").read_text())
+    conf.update(layer_norm_epsilon=1e-2, scale_attn_weights=False)
+    (tmp_path / "gpt2" / "config.json").write_text(json.dumps(conf))
+    cfg = tiny_config(data, **{"model.bias": True, "model.n_layer": L, "model.mlp_hidden": 2 * C,
+                               "train.init_from": str(tmp_path / "gpt2")})
+    notes = init_from.read(cfg).notes
+    assert any("scale_attn_weights = false" in n for n in notes)
+    assert any("layer_norm_epsilon is 0.01" in n and "model.norm_eps = 0.01" in n for n in notes)
+    fixed = cfg.replace(**{"model.norm_eps": 1e-2})
+    assert not any("layer_norm_epsilon" in n for n in init_from.read(fixed).notes)

@@ -93,9 +93,11 @@ class NlqPreTrainedModel(transformers.PreTrainedModel):
         return self.model.lm_head
 
     def _logits(self, input_ids, attention_mask=None, prefix_len=None) -> torch.Tensor:
-        """(B, T, V) logits; attention_mask (B, T), 1 = a real token, hides padded keys."""
-        mask = None
+        """(B, T, V) logits; attention_mask (B, T), 1 = a real token, hides padded keys and,
+        for learned positions, numbers the real tokens from 0 (generate pads on the left)."""
+        mask = positions = None
         if attention_mask is not None and not bool(attention_mask.all()):
+            positions = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)  # (B, T)
             T, dev = input_ids.shape[1], input_ids.device
             keys = attention_mask.bool()[:, None, None, :]  # (B, 1, 1, T)
             if self.config.arch == "encoder":
@@ -104,7 +106,8 @@ class NlqPreTrainedModel(transformers.PreTrainedModel):
                 allowed = prefix_lm_mask(T, 0 if prefix_len is None else prefix_len, dev)
             eye = torch.eye(T, dtype=torch.bool, device=dev)  # a padded query sees itself:
             mask = (allowed & keys) | eye  # no empty softmax row, no NaN
-        logits, _ = self.model(input_ids, attn_mask=mask, prefix_len=prefix_len)
+        logits, _ = self.model(input_ids, attn_mask=mask, prefix_len=prefix_len,
+                               position_ids=positions)
         return logits
 
 

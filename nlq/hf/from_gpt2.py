@@ -17,9 +17,11 @@ from nlq.hf.names import to_nlq
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 
 
-def read_gpt2(path: Path) -> tuple[dict[str, torch.Tensor], Path, list[str]]:
+def read_gpt2(path: Path, norm_eps: float | None = None
+              ) -> tuple[dict[str, torch.Tensor], Path, list[str]]:
     """(weights under nlq's names, the file they came from, what differs from nlq's GPT-2
-    beyond the weights) of a GPT-2 folder that save_pretrained wrote."""
+    beyond the weights) of a GPT-2 folder that save_pretrained wrote; norm_eps: the nlq
+    model's, compared with the folder's layer_norm_epsilon."""
     files = [path / f for f in WEIGHT_FILES if (path / f).is_file()]
     if not files:
         raise NlqError(f"{path} holds a GPT-2 config.json but none of {', '.join(WEIGHT_FILES)} "
@@ -39,4 +41,11 @@ def read_gpt2(path: Path) -> tuple[dict[str, torch.Tensor], Path, list[str]]:
     for flag in ("scale_attn_by_inverse_layer_idx", "reorder_and_upcast_attn"):
         if hf.get(flag):
             notes.append(f"{flag} = true has no nlq equivalent")
+    if hf.get("scale_attn_weights") is False:
+        notes.append("scale_attn_weights = false (no 1/sqrt(head size)): nlq scales the "
+                     "attention logits, so the function differs")
+    eps = hf.get("layer_norm_epsilon", 1e-5)
+    if norm_eps is not None and eps != norm_eps:
+        notes.append(f"its layer_norm_epsilon is {eps}, this model's model.norm_eps "
+                     f"{norm_eps}: set model.norm_eps = {eps} for the same function")
     return to_nlq(sd), f, notes

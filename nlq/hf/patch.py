@@ -18,6 +18,8 @@ Legend: B batch, T time, C = d_model (hidden size).
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 from torch import nn
 
@@ -75,6 +77,12 @@ def patch_queries(model: nn.Module, query: str = "nonlinear", *, init_std: float
             raise NlqError("patch_queries needs half='explicit': HF's attention keeps its "
                            "own scale, so the query must return the whole (X + f(X)) / 2")
         query_kwargs["half"] = "explicit"
+    # the query's norms take the host's epsilon (GPT-2 layer_norm_epsilon, Llama rms_norm_eps)
+    # unless given: nlq's own model gives them its norm_eps
+    host_eps = getattr(model.config, "layer_norm_epsilon", None) or getattr(
+        model.config, "rms_norm_eps", None)
+    if host_eps is not None and "norm_eps" in inspect.signature(QUERIES[query]).parameters:
+        query_kwargs.setdefault("norm_eps", host_eps)
     C = model.config.hidden_size
     for attn, name in layers:
         old = getattr(attn, name)

@@ -1,8 +1,9 @@
 """A trained model and its tokenizer, from what nlq writes.
 
 A model comes from a run dir (its newest checkpoint, or the step asked for; one that fails
-to verify is an error), a checkpoint step dir (RUN/ckpt/step_N) or a `save_pretrained` folder
-(config.json + model.safetensors; `nlq convert` records the step there). Its tokenizer comes
+to verify is an error), a checkpoint step dir (RUN/ckpt/step_N), a `save_pretrained` folder
+(config.json + model.safetensors) or a model_type "nlq" folder `nlq convert --to hf` wrote
+(it records the step; a `--to gpt2` folder is transformers' to load). Its tokenizer comes
 from the data dir the run trained on (meta.json names it; a trained bpe:N is that dir's
 tokenizer.json), or from a data dir given explicitly."""
 
@@ -19,6 +20,7 @@ from nlq import runfiles
 from nlq.config import load_config, model_config_from_dict
 from nlq.data.tokenizers import Tokenizer, load
 from nlq.errors import NlqError
+from nlq.extras import need
 from nlq.infer.convert import converted_step
 from nlq.model import Transformer, apply_fast_paths
 from nlq.run.checkpoint import chosen, verify
@@ -74,10 +76,36 @@ def load_trained(path: str | Path, step: int | None = None) -> Loaded:
             raise NlqError(f"--step {step}: {p} is a saved model folder, of step "
                            f"{'unknown' if saved is None else saved}; give the run dir to "
                            f"choose a step")
+        kind = raw.get("model_type") if isinstance(raw, dict) else None
+        if kind == "gpt2":  # `nlq convert --to gpt2`: transformers' format, not nlq's
+            raise NlqError(f"{p} is a transformers GPT-2 folder (`nlq convert --to gpt2`): "
+                           f"load it with transformers' GPT2LMHeadModel, or give nlq the run "
+                           f"or checkpoint it was converted from")
+        if kind == "nlq":  # `nlq convert --to hf`: the nlq Transformer inside the HF model
+            return Loaded(_from_hf(p), None, saved, p)
         check_inference_fits(model_config_from_dict(raw), str(p))
         return Loaded(Transformer.from_pretrained(p).eval(), None, saved, p)
     raise NlqError(f"{p} is not a run dir (config.toml), a checkpoint dir (state.json) or a "
                    f"saved model (config.json)")
+
+
+def _from_hf(p: Path) -> Transformer:
+    """The nlq Transformer of a model_type "nlq" folder (`nlq convert --to hf`)."""
+    need("transformers", "reading a model_type 'nlq' folder")
+    from nlq.hf.auto import NlqConfig, NlqForCausalLM, NlqForMaskedLM
+
+    try:
+        cfg = NlqConfig.from_pretrained(p).nlq_config()
+    except (OSError, ValueError, TypeError) as e:
+        raise NlqError(f"{p / 'config.json'}: not a model_type 'nlq' config ({e})") from None
+    check_inference_fits(cfg, str(p))
+    cls = NlqForMaskedLM if cfg.arch == "encoder" else NlqForCausalLM
+    try:
+        model = cls.from_pretrained(p).model
+    except (OSError, ValueError) as e:
+        raise NlqError(f"{p}: its weights cannot be read ({e})") from None
+    apply_fast_paths(model, compile_query=False)  # as a checkpoint loads: the same numbers
+    return model.eval()
 
 
 def _from_checkpoint(d: Path, state: dict, data: Path | None) -> Loaded:

@@ -211,10 +211,12 @@ class Transformer(nn.Module):
                     nn.init.zeros_(mod.bias)
 
     def forward(self, idx, targets=None, attn_mask=None, prefix_len=None, reduction="mean",
-                return_logits=None):
+                return_logits=None, position_ids=None):
         """idx: (B, T) token ids. targets: (B, T), -1 = no loss. attn_mask: bool, broadcastable
         to (B, nh, T, T), True = may attend; it replaces the arch's default mask. prefix_len:
         int or (B,) for the prefix-LM. reduction: "mean", "sum" or "none" (per token, (B, T)).
+        position_ids: (B, T) indices into the learned position table (default 0..T-1), for
+        left-padded batches; RoPE is relative, so a shift of every real token changes nothing.
         Returns (logits (B, T, V) or None, loss or None). Logits are returned when there are
         no targets, when return_logits=True, or when the loss is not chunked (self.chunked_loss;
         by default on CPU it is: the loss comes from the hidden states chunk by chunk,
@@ -230,7 +232,8 @@ class Transformer(nn.Module):
                 is_causal = self.cfg.arch != "encoder"
         x = self.wte(idx)  # (B, T, C)
         if self.wpe is not None:
-            x = x + self.wpe(torch.arange(T, device=idx.device))
+            x = x + self.wpe(torch.arange(T, device=idx.device) if position_ids is None
+                             else position_ids)
         x = self.drop(x)
         rope = (self.rope_cos, self.rope_sin) if self.cfg.pos_emb == "rope" else None
         for block in self.blocks:

@@ -51,7 +51,7 @@ def read(cfg: Config) -> Init | None:
     if not cfg.train.init_from:
         return None
     path = Path(cfg.train.init_from).expanduser().resolve()
-    tensors, weights, sha, notes = load_source(path)
+    tensors, weights, sha, notes = load_source(path, cfg.model.norm_eps)
     if "lm_head.weight" not in tensors and "wte.weight" in tensors:
         tensors["lm_head.weight"] = tensors["wte.weight"]  # a tied source: its head is wte
     own = shapes(cfg.model)
@@ -70,8 +70,10 @@ def read(cfg: Config) -> Init | None:
                 dropped, notes)
 
 
-def load_source(path: Path) -> tuple[dict[str, torch.Tensor], Path, str, list[str]]:
-    """(tensors under nlq's names, their file, its sha256, warnings) of any source kind."""
+def load_source(path: Path, norm_eps: float | None = None
+                ) -> tuple[dict[str, torch.Tensor], Path, str, list[str]]:
+    """(tensors under nlq's names, their file, its sha256, warnings) of any source kind;
+    norm_eps: the model's, for a GPT-2 source's to be compared with."""
     if not path.exists():
         raise NlqError(f"train.init_from {path} does not exist: give a run dir, a checkpoint "
                        f"dir, a saved model or a GPT-2 folder")
@@ -90,7 +92,7 @@ def load_source(path: Path) -> tuple[dict[str, torch.Tensor], Path, str, list[st
     if _model_type(path) == "gpt2":
         from nlq.hf.from_gpt2 import read_gpt2  # here: importing nlq.hf loads transformers
 
-        tensors, f, notes = read_gpt2(path)
+        tensors, f, notes = read_gpt2(path, norm_eps)
         return tensors, f, checkpoint.sha256(f), notes
     f = path / "model.safetensors"
     if (path / "config.json").is_file() and f.is_file():  # save_pretrained
