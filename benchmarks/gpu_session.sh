@@ -4,6 +4,9 @@
 #
 #   NLQ_OFFICIAL_MODEL=path/of/official/model.py bash benchmarks/gpu_session.sh [OUT_DIR]
 #
+# NLQ_OFFICIAL_MODEL: model.py of github.com/MarkoKarbevski/beyond_query_linearity (not shipped
+# here; carry a copy to a machine without network); without it the official-* rows are left out.
+#
 # 1. meanwhile: the GPU tests (pytest -m gpu) and torch.compile's caches warmed for every
 #    compiled variant, four processes at a time (compiling is CPU work; nothing is timed yet);
 # 2. alone on the GPU: train_bench at GPT-3 small (12 x 1024, bf16) for nlq's arms eager and
@@ -22,6 +25,10 @@ PY=${PYTHON:-python3}
 BENCH=benchmarks/train_bench.py
 BIG="linear,nonlinear,reference,official-linear,official-nonlinear,linear+modules,nonlinear+modules,linear+compile,nonlinear+compile,reference+compile,official-linear+compile,official-nonlinear+compile,nonlinear+compile+chunked,nonlinear+compile+blocks,linear+compile+ddp"
 SMALL="linear,nonlinear,linear+compile,nonlinear+compile,linear+cudagraphs,nonlinear+cudagraphs"
+if [ ! -f "${NLQ_OFFICIAL_MODEL:-}" ]; then  # the official rows need its model.py (no network)
+    echo "gpu_session: NLQ_OFFICIAL_MODEL is not a file: the official-* rows are left out"
+    BIG=$(echo "$BIG" | tr ',' '\n' | grep -v '^official-' | paste -sd, -)
+fi
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv | tee "$OUT_DIR/gpu.txt"
 
 t0=$(date +%s)
@@ -41,8 +48,9 @@ wait $tests
 echo "tests exit $? after $(( $(date +%s) - t0 )) s"
 tail -5 "$OUT_DIR/gpu_tests.log"
 
-NLQ_BENCH_PROFILE=1 timeout 330 "$PY" "$BENCH" --shapes gpt3-small-gpu --variants "$BIG" \
+# a TERM makes the bench write the rows it has (benchmarks/train_bench.py)
+NLQ_BENCH_PROFILE=1 timeout --kill-after=10 310 "$PY" "$BENCH" --shapes gpt3-small-gpu --variants "$BIG" \
     --repeats 1 --results-dir "$OUT_DIR" 2>&1 | tee "$OUT_DIR/bench_gpt3.log"
-timeout 100 "$PY" "$BENCH" --shapes r1-gpu --variants "$SMALL" --repeats 1 \
+timeout --kill-after=10 100 "$PY" "$BENCH" --shapes r1-gpu --variants "$SMALL" --repeats 1 \
     --results-dir "$OUT_DIR" 2>&1 | tee "$OUT_DIR/bench_r1.log"
 echo "total $(( $(date +%s) - t0 )) s"

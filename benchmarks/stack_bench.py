@@ -79,16 +79,35 @@ def main() -> int:
     device = "cuda" if torch.cuda.is_available() else "cpu"
     print(f"{args.rung} ({rung.description}), {args.steps} steps, {device}, "
           f"{torch.get_num_threads()} threads; run-steps/s after the first fifth")
+    stopped = None
     for rep in range(args.repeats):
         with tempfile.TemporaryDirectory() as tmp:
-            train(cfgs[0], Path(tmp) / "lone", progress=False)
+            # a signal (a time limit's SIGTERM) stops a run at a step boundary and returns:
+            # its speed is not a measurement, and no later run starts
+            summary = train(cfgs[0], Path(tmp) / "lone", progress=False)
+            if summary.get("status") != "finished":
+                stopped = f"repeat {rep + 1}, the lone run"
+                break
             speeds["lone"].append(steps_per_s(Path(tmp) / "lone"))
             for k in stacks:
                 dirs = [Path(tmp) / f"stack{k}" / f"seed{i}" for i in range(k)]
-                train_stack(cfgs[:k], dirs, progress=False)
+                if any(s.get("status") != "finished"
+                       for s in train_stack(cfgs[:k], dirs, progress=False)):
+                    stopped = f"repeat {rep + 1}, the stack of {k}"
+                    break
                 speeds[f"stack{k}"].append(k * steps_per_s(dirs[0]))
+        if stopped:
+            print(f"stack_bench: stopped by a signal in {stopped}: writing the complete "
+                  f"repeats only", file=sys.stderr)
+            break
         print(f"repeat {rep + 1}: " + ", ".join(f"{n} {v[-1]:.1f}" for n, v in speeds.items()),
               file=sys.stderr)
+    n = len(speeds[f"stack{stacks[-1]}"])  # complete repeats: every variant measured
+    speeds = {name: v[:n] for name, v in speeds.items()}
+    if not n:
+        rec.write({"rung": args.rung, "steps": args.steps, "device": device,
+                   "threads": torch.get_num_threads(), "rows": [], "stopped": stopped})
+        return 1
     lone = statistics.median(speeds["lone"])
     rows = []
     for name, v in speeds.items():
@@ -99,8 +118,8 @@ def main() -> int:
         print(f"{name:>8}: {med:8.1f} run-steps/s  ({med / lone:.2f}x lone; per repeat "
               f"{', '.join(f'{r:.2f}' for r in ratios)})")
     rec.write({"rung": args.rung, "steps": args.steps, "device": device,
-               "threads": torch.get_num_threads(), "rows": rows})
-    return 0
+               "threads": torch.get_num_threads(), "rows": rows, "stopped": stopped})
+    return 1 if stopped else 0
 
 
 if __name__ == "__main__":

@@ -63,6 +63,7 @@ import json
 import math
 import os
 import resource
+import signal
 import statistics
 import subprocess
 import sys
@@ -442,26 +443,40 @@ def main() -> int:
         rec.write({"mode": "paired", "pairs": args.pairs, "block": args.block,
                    **run_state(), "paired": rows})
         return 0
-    rows = []
-    for r in range(args.repeats):
-        for shape in shapes:
-            steps = args.steps or STEPS[shape]
-            for v in variants:
-                launch = ([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                           "--nproc_per_node", "1"] if "ddp" in parse_variant(v)[1]
-                          else [sys.executable])
-                out = subprocess.run([*launch, __file__, "--child", shape, v, str(steps)],
-                                     capture_output=True, text=True, check=False)
-                if out.returncode != 0:
-                    sys.stderr.write(out.stderr)
-                    raise SystemExit(f"train_bench: {shape}/{v} failed (exit {out.returncode})")
-                row = json.loads(out.stdout.strip().splitlines()[-1]) | {"repeat": r}
-                rows.append(row)
-                for name, ms, share in row.get("top_kernels", []):
-                    print(f"    {share:6.1%} {ms:8.3f} ms/step  {name}")
-                print(f"repeat {r} {shape:>10} {v:>20}: {row['tok_per_s']:9,.0f} tok/s "
-                      f"{row['ms_per_step']:8.1f} ms/step  MFU {row['mfu']:5.1%}  "
-                      f"(matmul {row['matmul_gflops']:.0f} GFLOP/s)", flush=True)
+    rows, failed, stopped = [], [], None
+
+    def stop(signum, frame):  # a time limit's SIGTERM: keep what was measured
+        raise Stopped(signum)
+
+    signal.signal(signal.SIGTERM, stop)
+    try:
+        for r in range(args.repeats):
+            for shape in shapes:
+                steps = args.steps or STEPS[shape]
+                for v in variants:
+                    launch = ([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                               "--nproc_per_node", "1"] if "ddp" in parse_variant(v)[1]
+                              else [sys.executable])
+                    # subprocess.run kills the child when the signal interrupts the wait
+                    out = subprocess.run([*launch, __file__, "--child", shape, v, str(steps)],
+                                         capture_output=True, text=True, check=False)
+                    if out.returncode != 0:  # one variant's failure is its row, not the run's
+                        sys.stderr.write(out.stderr[-4000:])
+                        print(f"repeat {r} {shape:>10} {v:>20}: FAILED (exit "
+                              f"{out.returncode})", flush=True)
+                        failed.append({"shape": shape, "variant": v, "repeat": r,
+                                       "exit": out.returncode})
+                        continue
+                    row = json.loads(out.stdout.strip().splitlines()[-1]) | {"repeat": r}
+                    rows.append(row)
+                    for name, ms, share in row.get("top_kernels", []):
+                        print(f"    {share:6.1%} {ms:8.3f} ms/step  {name}")
+                    print(f"repeat {r} {shape:>10} {v:>20}: {row['tok_per_s']:9,.0f} tok/s "
+                          f"{row['ms_per_step']:8.1f} ms/step  MFU {row['mfu']:5.1%}  "
+                          f"(matmul {row['matmul_gflops']:.0f} GFLOP/s)", flush=True)
+    except Stopped as e:
+        stopped = f"signal {e.args[0]} after {len(rows)} row(s)"
+        print(f"train_bench: stopped by {stopped}: writing what was measured", flush=True)
     summary = {}
     print("\nmedian over repeats; ratio = tok/s over the linear arm's in the same repeat "
           "(median, and the lowest and highest repeat)")
@@ -470,7 +485,11 @@ def main() -> int:
     for shape in shapes:
         lin = {x["repeat"]: x for x in rows if x["shape"] == shape and x["variant"] == "linear"}
         for v in variants:
-            mine = [x for x in rows if x["shape"] == shape and x["variant"] == v]
+            # rows with the linear arm of their repeat (a stopped or failed run lacks some)
+            mine = [x for x in rows if x["shape"] == shape and x["variant"] == v
+                    and x["repeat"] in lin]
+            if not mine:
+                continue
             ratios = [x["tok_per_s"] / lin[x["repeat"]]["tok_per_s"] for x in mine]
             s = {k: statistics.median(x[k] for x in mine)
                  for k in ("tok_per_s", "ms_per_step", "mfu", "loader_frac", "peak_mem_mb")}
@@ -482,8 +501,12 @@ def main() -> int:
                   f"{min(ratios):6.3f}-{max(ratios):.3f} {s['loader_frac']:7.2%} "
                   f"{s['peak_mem_mb']:7.0f}")
     rec.write({"mode": "separate processes", "repeats": args.repeats, **run_state(),
-               "summary": summary, "rows": rows})
-    return 0
+               "summary": summary, "rows": rows, "failed": failed, "stopped": stopped})
+    return 1 if failed or stopped else 0
+
+
+class Stopped(Exception):
+    """A signal stopped the run (not InterruptedError: subprocess retries on that one)."""
 
 
 def run_state() -> dict:

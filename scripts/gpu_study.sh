@@ -7,7 +7,8 @@
 #   OUT=DIR NLQ_GPU_S=420 bash scripts/gpu_study.sh [RUNGS]      # RUNGS default R1,R2
 #
 # Needs the rungs' data (data/all-bpe512: `nlq prepare --source embedded:all --tokenizer
-# bpe:512`, or carried). Environment: NLQ_GPU_S (training seconds, default 420), NLQ_JOBS
+# bpe:512`, or carried). Environment: NLQ_GPU_S (seconds for the bench and the study together,
+# default 420; the command that runs this script needs ~60 s more for the stop and the pack), NLQ_JOBS
 # (default auto), NLQ_STUDY (the working study, default out/study), NLQ_FROM (the committed
 # study it starts from when NLQ_STUDY does not exist yet, default results/study; its finished
 # runs are not trained again), NLQ_STUDY_ARGS (more `nlq study` arguments, e.g. --ladder),
@@ -31,14 +32,18 @@ if [ ! -d "$STUDY" ] && [ -d "$FROM" ]; then
     mkdir -p "$(dirname "$STUDY")" && cp -r "$FROM" "$STUDY"
 fi
 command -v nvidia-smi > /dev/null && nvidia-smi --query-gpu=name,memory.total --format=csv
+t0=$(date +%s)
 if [ -n "${NLQ_STACK_BENCH:-}" ]; then
-    timeout --signal=TERM 180 "$PY" benchmarks/stack_bench.py --rung "${RUNGS%%,*}" \
-        --stacks 4,8 --steps "$NLQ_STACK_BENCH" --repeats 1 --results-dir "$OUT_DIR" \
-        > "$OUT_DIR/stack_bench.log" 2>&1
+    # a TERM stops its run at a step boundary and the bench writes its complete repeats
+    timeout --signal=TERM --kill-after=10 180 "$PY" benchmarks/stack_bench.py \
+        --rung "${RUNGS%%,*}" --stacks 4,8 --steps "$NLQ_STACK_BENCH" --repeats 1 \
+        --results-dir "$OUT_DIR" > "$OUT_DIR/stack_bench.log" 2>&1
     grep -a -v "^step " "$OUT_DIR/stack_bench.log" | tail -n 6
 fi
+LEFT=$(( LIMIT - ($(date +%s) - t0) ))  # the study gets what the bench left of NLQ_GPU_S
+[ "$LEFT" -lt 10 ] && LEFT=10
 # shellcheck disable=SC2086  # NLQ_STUDY_ARGS is a list of arguments
-timeout --signal=TERM --kill-after=120 "$LIMIT" "$PY" -m nlq study --rungs "$RUNGS" \
+timeout --signal=TERM --kill-after=60 "$LEFT" "$PY" -m nlq study --rungs "$RUNGS" \
     --out "$STUDY" --jobs "${NLQ_JOBS:-auto}" --export "$OUT_DIR/study" ${NLQ_STUDY_ARGS:-} \
     > "$OUT_DIR/study.full.log" 2>&1
 rc=$?

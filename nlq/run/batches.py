@@ -51,7 +51,10 @@ class Ahead:
 
     def _build_pinned(self, *key) -> tuple[torch.Tensor, ...]:
         items = self.build(*key)
-        return tuple(x.pin_memory() for x in items) if self.pinned else tuple(items)
+        # contiguous first: the inputs are a view (w[:, :-1]) and pinning keeps its strides,
+        # so the device copy would first make a pageable contiguous copy, synchronously
+        return (tuple(x.contiguous().pin_memory() for x in items) if self.pinned
+                else tuple(items))
 
     def get(self, key: tuple, next_key: tuple) -> tuple[torch.Tensor, ...]:
         if self._pool is None:
