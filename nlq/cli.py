@@ -101,7 +101,11 @@ def _one_line(e: Exception) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    args = build_parser().parse_args(argv)
+    try:  # building the parser imports every command's module: a second or so
+        args = build_parser().parse_args(argv)
+    except KeyboardInterrupt:
+        print("nlq: interrupted", file=sys.stderr)
+        return 130
     try:
         import_user_modules(args.imports)
         return int(args._run(args) or 0)

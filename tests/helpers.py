@@ -95,7 +95,7 @@ def make_bpe_data(d: Path) -> Path:
     sample and convert can decode; for the inference tests."""
     from nlq.data.tokenizers import train_bpe
 
-    make_data(d, vocab_size=300)
+    make_data(d, vocab_size=300, mask_id=None)  # the BPE below has no mask token
     texts = ["the quick brown fox jumps over the lazy dog. " * 3,
              "a stitch in time saves nine; the early bird catches the worm. " * 3] * 20
     train_bpe(texts, 300, d / "tokenizer.json")

@@ -177,3 +177,22 @@ def test_prepare_output_opens_with_the_schedule(tmp_path):
     data.check(50304, 64)
     x = train_batch(data.train, SEED, 3, 1, 2, 2, 64)
     assert x.shape == (2, 65) and int(x.max()) < 50257
+
+
+@pytest.mark.parametrize("key, value", [("eot_id", 9999), ("eot_id", "x"), ("eot_id", None),
+                                        ("mask_id", 5000), ("mask_id", -1)])
+def test_a_bad_special_id_in_meta_is_named_before_training(tmp_path, key, value):
+    """eot_id cuts the test split into documents and mask_id is an input id: out of the vocab
+    they failed after training (an IndexError in the test scoring), leaving the run unfinished."""
+
+    from helpers import make_data
+
+    d = make_data(tmp_path / "d")
+    meta = json.loads((d / "meta.json").read_text())
+    if value is None:
+        meta.pop(key)
+    else:
+        meta[key] = value
+    (d / "meta.json").write_text(json.dumps(meta))
+    with pytest.raises(NlqError, match=f"no valid '{key}'"):
+        TokenData.open(d)

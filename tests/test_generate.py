@@ -156,7 +156,12 @@ def test_nlq_sample_bad_input(run, tmp_path):
     meta = json.loads((big / "meta.json").read_text())
     meta["tokenizer"] = "bpe:400"
     (big / "meta.json").write_text(json.dumps(meta))
-    assert_user_error(nlq("sample", run, "--data", big), "does not fit the model")
+    assert_user_error(nlq("sample", run, "--data", big), "tokenized otherwise")
+    from nlq.infer.load import load_model  # a saved folder names no data: its vocab is checked
+
+    load_model(run)[0].save_pretrained(tmp_path / "saved")
+    assert_user_error(nlq("sample", tmp_path / "saved", "--data", big), "does not fit the model")
+    assert_user_error(nlq("sample", run, "--seed", str(2**70)), "--seed must be in")
     assert_user_error(nlq("sample", tmp_path / "nowhere"), "does not exist")
     # a byte that is not UTF-8 on the command line reaches Python as a lone surrogate
     assert_user_error(nlq("sample", run, "--prompt", "ab\udcffcd"), "--prompt")

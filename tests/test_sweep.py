@@ -140,3 +140,46 @@ def test_an_lr_at_the_grid_edge_is_carried_into_the_report(tmp_path):
 def test_sweep_needs_two_seeds(tmp_path):
     p, _ = sweep(tmp_path, tmp_path / "s1", seeds="1")
     assert_user_error(p, "--seeds must be >= 2")
+
+
+@pytest.mark.parametrize("argv, names", [
+    (["reproduce", "--arms", " , ", "--preset", "tiny"], "--arms ' , ' names nothing"),
+    (["study", "--rungs", ""], "--rungs '' names nothing"),
+    (["reproduce", "--preset", "tiny", "--replicate-threads", "4"], "needs --replicates"),
+    (["sweep", "--preset", "tiny", "--lrs", "1e-3,2e-3,4e-3", "--arms", "linear",
+      "--set", "train.lr=5e-3"], "--set train.lr: a sweep sets the lr"),
+])
+def test_flags_that_would_be_ignored_are_errors(tmp_path, capsys, argv, names):
+    """An empty list read as "all", a replicate thread count without replicates, an lr the
+    sweep's grid replaces: each one error naming it, before any run."""
+    from nlq.cli import main
+
+    assert main([*argv, "--out", str(tmp_path / "o")]) == 2
+    assert names in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
+
+
+def test_a_rung_that_sets_the_lr_is_refused(tmp_path):
+    from nlq.experiments.ladder import load_ladder
+
+    (tmp_path / "l.toml").write_text('experiment = "paper"\narms = ["linear", "nonlinear"]\n'
+                                     '[rungs.A]\npreset = "tiny"\nlrs = [1e-3, 2e-3, 4e-3]\n'
+                                     'set = { "train.min_lr" = 1e-4 }\n')
+    with pytest.raises(NlqError, match="rungs.A.set: train.min_lr is what the rung's sweep"):
+        load_ladder(tmp_path / "l.toml")
+
+
+def test_report_experiment_none_reads_no_claims(tmp_path):
+    """--experiment none (documented: neither an ordering nor the paper's figures)."""
+    from nlq.cli import main
+    from test_report import declare_paper, make_run
+
+    for k in range(2):
+        make_run(tmp_path / "exp", "linear", k, [9.0, 6.0, 5.0, 4.5 + 0.01 * k])
+        make_run(tmp_path / "exp", "nonlinear", k, [9.0, 6.0, 5.0, 4.4],
+                 {"model.query": "nonlinear"})
+    declare_paper(tmp_path / "exp")  # an experiment.toml that would give claims
+    assert main(["report", str(tmp_path / "exp"), "--experiment", "none", "--out",
+                 str(tmp_path / "r")]) == 0
+    rep = json.loads((tmp_path / "r" / "report.json").read_text())
+    assert rep["ordering"] is None and rep["paper"] is None and not rep["preregistered"]

@@ -67,6 +67,16 @@ class TokenData:
             raise NlqError(f"{meta_path} says vocab_size {vocab} but dtype {dtype.name}, which "
                            f"holds ids below {np.iinfo(dtype).max + 1} only: meta.json and its "
                            f"shards disagree (re-run `nlq prepare --out {d} --force`)")
+        # the special ids index the embedding and split the documents: checked here, before a
+        # run trains on them (a bad one failed after training, in the test scoring)
+        for key in ("eot_id", "mask_id"):
+            v = meta.get(key)
+            if v is None and (key == "mask_id" or "test_tokens" not in meta):
+                continue  # no mask token; or no test split to cut into documents
+            if not isinstance(v, int) or isinstance(v, bool) or not 0 <= v < vocab:
+                raise NlqError(f"{meta_path} has no valid {key!r} (an integer id in [0, "
+                               f"vocab_size = {vocab})), got {v!r} (re-run `nlq prepare --out "
+                               f"{d} --force`)")
         splits = {}
         for split in ("train", "val", "test"):
             path = d / f"{split}.bin"

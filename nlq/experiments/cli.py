@@ -9,7 +9,9 @@ import json
 from pathlib import Path
 
 from nlq import runfiles
+from nlq.errors import NlqError
 from nlq.experiments.launch import LAUNCHERS
+from nlq.report.claims import Claims
 from nlq.sysinfo import check_threads, cores
 
 # ---------------------------------------------------------------------------------------
@@ -139,20 +141,34 @@ def add_reproduce_arguments(p) -> None:
                    help="also train seeds 0..K-1 of every arm at --replicate-threads: "
                         "numerical replicates, whose differences the report shows as rounding "
                         "noise beside the seed noise (default 0)")
-    p.add_argument("--replicate-threads", type=int, default=2, metavar="N",
+    p.add_argument("--replicate-threads", type=int, default=None, metavar="N",
                    help="thread count of the replicates (default 2; must differ from --threads)")
     p.add_argument("--lrs-from", default=None, metavar="SWEEP_JSON",
                    help="train each arm at the lr that `nlq sweep` chose for it on val (its "
                         "sweep.json; same preset and --set); written to OUT/lrs.json")
 
 
+def _names(value: str | None, flag: str) -> list[str] | None:
+    """A comma list of names; None when the flag is not given; an empty one is an error (it
+    would read as "all")."""
+    if value is None:
+        return None
+    names = [a.strip() for a in value.split(",") if a.strip()]
+    if not names:
+        raise NlqError(f"{flag} {value!r} names nothing: give names separated by commas, or "
+                       f"leave {flag} out for all")
+    return names
+
+
 def run_reproduce(args) -> int:
     from nlq.config import parse_sets
     from nlq.experiments.reproduce import reproduce
 
-    arms = [a.strip() for a in args.arms.split(",") if a.strip()] if args.arms else None
+    arms = _names(args.arms, "--arms")
+    if args.replicate_threads is not None and not args.replicates:
+        raise NlqError("--replicate-threads needs --replicates K (how many seeds to replicate)")
     threads = check_threads(args.threads, "--threads")
-    rthreads = (check_threads(args.replicate_threads, "--replicate-threads")
+    rthreads = (check_threads(args.replicate_threads or 2, "--replicate-threads")
                 if args.replicates else None)
     exp_name = Path(args.experiment).stem
     out = Path(args.out or f"out/{exp_name}-{args.preset}")
@@ -200,7 +216,7 @@ def run_sweep(args) -> int:
         lrs = [float(x) for x in args.lrs.split(",") if x.strip()]
     except ValueError:
         raise NlqError(f"--lrs {args.lrs!r}: give numbers separated by commas") from None
-    arms = [a.strip() for a in args.arms.split(",") if a.strip()] if args.arms else None
+    arms = _names(args.arms, "--arms")
     out = Path(args.out or f"out/sweep-{Path(args.experiment).stem}-{args.preset}")
     threads = check_threads(args.threads, "--threads")
     launcher = _launcher(args, out)
@@ -262,7 +278,9 @@ def run_report(args) -> int:
     single_exp = len(dirs) == 1 and dirs[0].is_dir() and not (dirs[0] / runfiles.CONFIG).exists()
     out = Path(args.out) if args.out else (dirs[0] if single_exp else Path("report"))
     title = args.title or (f"nlq report: {dirs[0].resolve().name}" if single_exp else "nlq report")
-    claims = load_experiment(args.experiment).claims if args.experiment else None
+    # "none": no experiment's claims (an empty Claims: no ordering, no paper, no family)
+    claims = (None if not args.experiment else Claims() if args.experiment == "none"
+              else load_experiment(args.experiment).claims)
     rep = build_report(dirs, out, baseline=args.baseline, title=title, claims=claims)
     print(f"wrote {out / 'report.md'}, {out / 'report.json'}, {out / 'fig1.png'}")
     print(f"{rep['measured']['n_finished_runs']} finished run(s), {len(rep['incomplete'])} "
@@ -325,7 +343,7 @@ def add_study_arguments(p) -> None:
 def run_study(args) -> int:
     from nlq.experiments.study import study
 
-    names = [r.strip() for r in args.rungs.split(",") if r.strip()] if args.rungs else None
+    names = _names(args.rungs, "--rungs")
     threads = check_threads(args.threads, "--threads")
     launcher = _launcher(args, Path(args.out))
     return study(args.ladder, names, Path(args.out), _jobs(args.jobs, threads, launcher),

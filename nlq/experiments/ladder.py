@@ -108,6 +108,10 @@ def _rung(path: Path, name: str, r) -> Rung:
     sets = r.get("set", {})
     if not isinstance(sets, dict):
         raise NlqError(f"{where}.set must be a table of config overrides, got {sets!r}")
+    swept = sorted({"train.lr", "train.min_lr"} & set(sets))
+    if swept:  # the rung's sweep sets both: a value here would be silently replaced
+        raise NlqError(f"{where}.set: {swept[0]} is what the rung's sweep chooses (lrs, and "
+                       f"min_lr keeps the preset's ratio to lr): leave it out")
     try:
         cfg = load_config(r["preset"], sets)  # the same validation as --set: names the key
     except NlqError as e:

@@ -82,6 +82,10 @@ def sweep_plan(experiment: str, preset: str, arms: list[str] | None, lrs: list[f
                seeds: int, out: Path, sets: dict | None,
                threads: int = 1) -> tuple[list[RunSpec], dict]:
     check_grid(lrs)
+    swept = sorted({"train.lr", "train.min_lr"} & set(sets or {}))
+    if swept:  # the grid sets both: a --set value would be silently replaced
+        raise NlqError(f"--set {swept[0]}: a sweep sets the lr from --lrs (and min_lr keeps its "
+                       f"ratio to lr): leave it out")
     if seeds < 2:
         raise NlqError(f"--seeds must be >= 2 for a sweep (the choice averages over seeds), "
                        f"got {seeds}")

@@ -40,7 +40,7 @@ def run_sample(args) -> int:
     import torch
 
     from nlq.errors import NlqError
-    from nlq.infer.load import check_vocab, load_tokenizer, load_trained
+    from nlq.infer.load import check_same_data, check_vocab, load_tokenizer, load_trained
     from nlq.model.generate import check_sampling
 
     check_sampling(args.temperature, args.top_k, args.top_p)  # before loading anything
@@ -51,12 +51,16 @@ def run_sample(args) -> int:
                        f"({args.prompt[e.start]!r}; check the terminal's encoding)") from None
     if args.max_new_tokens < 1 or args.num_samples < 1:
         raise NlqError("--max-new-tokens and --num-samples must be >= 1")
+    if args.seed is not None and not 0 <= args.seed < 2**63:
+        raise NlqError(f"--seed must be in [0, 2**63), got {args.seed}")
     got = load_trained(args.model, args.step)
     model = got.model
     data = Path(args.data) if args.data else got.data
     if data is None:
         raise NlqError(f"{args.model} does not say which data it trained on: give --data DIR "
                        f"(a prepared data dir with the model's tokenizer)")
+    if args.data:
+        check_same_data(got.data, data, "its tokens would decode to other text")
     tok = load_tokenizer(data)
     check_vocab(model, tok, data)
     print(f"nlq: sampling {got.source}, {step_text(got.step)}", file=sys.stderr)
@@ -124,13 +128,15 @@ def run_convert(args) -> int:
     from nlq import __version__
     from nlq.hf.gpt2 import save_gpt2, save_tokenizer
     from nlq.infer import convert
-    from nlq.infer.load import load_trained
+    from nlq.infer.load import check_same_data, load_trained
 
     out = Path(args.out)
     convert.check_out(out)  # before loading anything
     got = load_trained(args.model, args.step)
     model = got.model
     data = Path(args.data) if args.data else got.data
+    if args.data:  # asked for: it must be there, and be the model's tokenizer
+        check_same_data(got.data, data, "its tokenizer is not the model's")
     with_tok = data is not None and (data / "meta.json").is_file()
 
     def fill(folder: Path) -> None:

@@ -15,7 +15,7 @@ import torch
 
 from nlq.config import Config, from_dict
 from nlq.errors import NlqError
-from nlq.infer.load import load_trained, run_config, same_tokenizer
+from nlq.infer.load import check_same_data, load_trained, run_config
 from nlq.run.batches import Batches
 from nlq.run.scoring import evaluate_test
 from nlq.run.world import World
@@ -32,11 +32,9 @@ def eval_model(path: str | Path, data: str | Path | None = None, split: str = "t
     cfg = run_config(path)
     if data is None and run_data is None:
         raise NlqError(f"{path} does not say which data it trained on: give --data DIR")
+    if data is not None:  # asked for: the model's tokenizer, or the scores mean nothing
+        check_same_data(run_data, Path(data), "its scores would mean nothing")
     data = Path(data) if data is not None else run_data
-    if run_data is not None and Path(data) != run_data and (run_data / "meta.json").is_file() \
-            and not same_tokenizer(run_data, Path(data)):
-        raise NlqError(f"data {data} was tokenized otherwise than the data the model trained "
-                       f"on ({run_data}): its scores would mean nothing")
     if cfg is None:  # a saved model folder: the default train settings, its model, the data
         cfg = from_dict({"model": dataclasses.asdict(model.cfg), "data": {"dir": str(data)}})
     cfg = Config(model=model.cfg, train=dataclasses.replace(cfg.train, test_eval=False),

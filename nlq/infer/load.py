@@ -155,6 +155,17 @@ def run_config(path: str | Path):
     return None
 
 
+def check_same_data(run_data: Path | None, data: Path, purpose: str) -> None:
+    """An explicit data dir must be tokenized as the one the model trained on (where that is
+    known and still there): another tokenizer's ids mean other text."""
+    if not (data / "meta.json").is_file():
+        raise NlqError(f"--data {data} is not a prepared data dir (no meta.json)")
+    if run_data is not None and Path(data) != run_data and (run_data / "meta.json").is_file() \
+            and not same_tokenizer(run_data, Path(data)):
+        raise NlqError(f"data {data} was tokenized otherwise than the data the model trained "
+                       f"on ({run_data}): {purpose}")
+
+
 def same_tokenizer(a: Path, b: Path) -> bool:
     """Whether two prepared data dirs were tokenized alike (spec and tokenizer.json bytes)."""
     def key(d: Path):
