@@ -171,8 +171,9 @@ def test_a_rung_that_sets_the_lr_is_refused(tmp_path):
 
 def test_report_experiment_none_reads_no_claims(tmp_path):
     """--experiment none (documented: neither an ordering nor the paper's figures)."""
-    from nlq.cli import main
     from test_report import declare_paper, make_run
+
+    from nlq.cli import main
 
     for k in range(2):
         make_run(tmp_path / "exp", "linear", k, [9.0, 6.0, 5.0, 4.5 + 0.01 * k])
