@@ -92,6 +92,14 @@ def test_resume_after_kill_in_checkpoint_write(short, tmp_path, capsys):
     assert nlq_main(["train", "--resume", str(run), "--no-progress"]) == 0
     assert "already finished at step 8" in capsys.readouterr().err
     assert snapshot(run) == before
+    # a finished run's config.toml is still checked: an edit is named, not passed over
+    conf = (run / "config.toml").read_text()
+    (run / "config.toml").write_text(conf.replace("max_steps = 8", "max_steps = 9"))
+    assert nlq_main(["train", "--resume", str(run), "--no-progress"]) == 2
+    assert "train.max_steps = 8 -> 9" in capsys.readouterr().err
+    (run / "config.toml").write_text(conf + "\n[extra]\n")
+    assert nlq_main(["train", "--resume", str(run), "--no-progress"]) == 2
+    assert "extra" in capsys.readouterr().err
 
 
 FAULTS = ["step@1",  # before the first checkpoint: resume starts again from step 0

@@ -255,6 +255,27 @@ def depends(cfg: Config) -> dict:
     return {"config": cfg.to_dict(), "data_dir": str(d), "data": files}
 
 
+def check_config(recorded: dict, now: dict, ck_path: Path, run_dir: Path) -> None:
+    """Refuse RUN/config.toml (now, a config dict) when it differs from the config checkpoint
+    ck_path recorded (NlqError naming each changed key, old -> new)."""
+    try:  # read by this version, as config.toml is: a key added since gets its default
+        old = from_dict(recorded).to_dict()
+    except NlqError:
+        old = recorded
+    before, after = flatten(old), flatten(now)
+    # data.dir is where the data is, not what it is: the files' sizes and sha256 are compared
+    # apart (check_depends), so a data dir moved (and config.toml edited to say where) resumes
+    changed = [k for k in sorted(set(before) | set(after)) if k != "data.dir"
+               and before.get(k, "(absent)") != after.get(k, "(absent)")]
+    if changed:
+        what = "; ".join(f"{k} = {before.get(k, '(absent)')!r} -> {after.get(k, '(absent)')!r}"
+                         for k in changed[:4])
+        more = f" and {len(changed) - 4} more" if len(changed) > 4 else ""
+        raise NlqError(f"{run_dir / runfiles.CONFIG} changed since checkpoint {ck_path}: {what}"
+                       f"{more}; resuming would silently continue another run: put the old "
+                       f"values back, or train the new config into another --out")
+
+
 def check_depends(ck: Checkpoint, now: dict, run_dir: Path) -> list[str]:
     """Refuse to resume from ck when RUN/config.toml or the data differ from what ck records
     (NlqError naming each changed key, old -> new, or the data file that differs); returns
@@ -265,22 +286,7 @@ def check_depends(ck: Checkpoint, now: dict, run_dir: Path) -> list[str]:
         return [(f"checkpoint {ck.path} records neither the config nor the data it was "
                  f"trained on (written by an older nlq): resuming without checking that they "
                  f"are unchanged")]
-    try:  # read by this version, as config.toml is: a key added since gets its default
-        old = from_dict(rec["config"]).to_dict()
-    except NlqError:
-        old = rec["config"]
-    before, after = flatten(old), flatten(now["config"])
-    # data.dir is where the data is, not what it is: the files' sizes and sha256 are compared
-    # below, so a data dir moved (and config.toml edited to say where) still resumes
-    changed = [k for k in sorted(set(before) | set(after)) if k != "data.dir"
-               and before.get(k, "(absent)") != after.get(k, "(absent)")]
-    if changed:
-        what = "; ".join(f"{k} = {before.get(k, '(absent)')!r} -> {after.get(k, '(absent)')!r}"
-                         for k in changed[:4])
-        more = f" and {len(changed) - 4} more" if len(changed) > 4 else ""
-        raise NlqError(f"{run_dir / runfiles.CONFIG} changed since checkpoint {ck.path}: {what}"
-                       f"{more}; resuming would silently continue another run: put the old "
-                       f"values back, or train the new config into another --out")
+    check_config(rec["config"], now["config"], ck.path, run_dir)
     rec_files = rec.get("data") if isinstance(rec.get("data"), dict) else {}
     rec_dir, now_dir = rec.get("data_dir"), now["data_dir"]
     diff = []

@@ -25,6 +25,7 @@ from nlq import runfiles
 from nlq.config import Config, load_config
 from nlq.errors import NlqError
 from nlq.fsutil import Locked, lock, unlock, write_atomic
+from nlq.run import checkpoint
 
 # What may be in a folder before a new run starts there: `nlq reproduce` writes arm.json and
 # opens train.log before it starts `nlq train`; a start killed before its config.toml leaves
@@ -196,6 +197,16 @@ def finished(run_dir: Path, main: bool) -> dict | None:
     if why is not None and main:
         print(f"nlq: warning: {run_dir / runfiles.SUMMARY} {why}: ignored; resuming from the "
               f"last checkpoint writes it again", file=sys.stderr)
+    if summary is not None:  # nothing to train, but config.toml must still be the run's
+        cfg = read_run_config(run_dir)  # an unreadable or unknown key is an error here too
+        dirs = checkpoint.step_dirs(run_dir)
+        try:
+            state = json.loads((dirs[max(dirs)] / "state.json").read_text()) if dirs else {}
+        except (OSError, ValueError):
+            state = {}
+        rec = state.get("depends") if isinstance(state, dict) else None
+        if isinstance(rec, dict) and isinstance(rec.get("config"), dict):
+            checkpoint.check_config(rec["config"], cfg.to_dict(), dirs[max(dirs)], run_dir)
     return summary
 
 
