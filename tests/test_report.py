@@ -420,3 +420,28 @@ def test_a_seed_without_a_partner_is_named_in_the_comparison_it_leaves(tmp_path)
     assert c["n_seeds"] == 2 and c["unpaired"] == {"nonlinear": [2], "linear+12.5%": []}
     assert any(n.startswith("nonlinear vs linear+12.5%: seed(s) [2] of nonlinear")
                for n in rep["notes"])
+
+
+def test_bad_destinations_and_files_are_named(tmp_path, capsys):
+    """A file where a folder goes, a missing experiment file, an unknown [reference] key:
+    each named (they read as "File exists ... check the path and free space", or an unknown
+    shipped experiment)."""
+    from nlq.cli import main
+    from nlq.errors import NlqError
+    from nlq.report.claims import claims_from_dict
+
+    for k in range(2):
+        make_run(tmp_path / "exp", "linear", k, [9.0, 6.0, 5.0, 4.5])
+    (tmp_path / "afile").write_text("x")
+    for argv, names in ((["report", str(tmp_path / "exp"), "--out", str(tmp_path / "afile")],
+                         "is a file"),
+                        (["export", str(tmp_path / "exp"), str(tmp_path / "afile")],
+                         "is a file"),
+                        (["params", "--experiment", str(tmp_path / "missing.toml")],
+                         "experiment file")):
+        assert main(argv) == 2, argv
+        assert names in capsys.readouterr().err
+    assert (tmp_path / "afile").read_text() == "x"
+    with pytest.raises(NlqError, match=r"unknown or missing: bogus"):
+        claims_from_dict({"reference": {"cite": "c", "setting": "s", "figures": [{}],
+                                        "bogus": 2}}, "exp.toml")

@@ -47,6 +47,8 @@ def experiment_path(name_or_file: str | Path) -> Path:
     path = Path(name_or_file)
     if path.is_file():
         return path
+    if path.suffix == ".toml" or len(path.parts) > 1:  # a file meant, not a shipped name
+        raise NlqError(f"experiment file {path} not found")
     path = EXPERIMENT_DIR / f"{name_or_file}.toml"
     if not path.is_file() or path.name in NOT_EXPERIMENTS:
         raise NlqError(f"unknown experiment {str(name_or_file)!r} (shipped: "

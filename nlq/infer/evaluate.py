@@ -40,7 +40,8 @@ def eval_model(path: str | Path, data: str | Path | None = None, split: str = "t
     cfg = Config(model=model.cfg, train=dataclasses.replace(cfg.train, test_eval=False),
                  data=dataclasses.replace(cfg.data, dir=str(data)))
     batches = Batches(cfg, World(), torch.device("cpu"))
-    per_doc = evaluate_test(model, batches, World(), contextlib.nullcontext(), split=split)
+    per_doc = evaluate_test(model, batches, World(), contextlib.nullcontext(), split=split,
+                            progress=True)
     nats, tokens = np.array(per_doc["nats"]), np.array(per_doc["tokens"], dtype=float)
     if tokens.sum() == 0:
         raise NlqError(f"the {split} split of {data} has no token to score")

@@ -91,7 +91,9 @@ def _pair(x) -> bool:
 
 def _check_reference(ref, where: str) -> None:
     if not isinstance(ref, dict) or set(ref) != {"cite", "setting", "figures"}:
-        raise NlqError(f"{where}: [reference] holds cite, setting and [[reference.figures]]")
+        odd = sorted(set(ref) ^ {"cite", "setting", "figures"}) if isinstance(ref, dict) else []
+        raise NlqError(f"{where}: [reference] holds cite, setting and [[reference.figures]]"
+                       + (f" (unknown or missing: {', '.join(odd)})" if odd else ""))
     if not isinstance(ref["cite"], str) or not isinstance(ref["setting"], str):
         raise NlqError(f"{where}: reference.cite and reference.setting must be strings")
     if not isinstance(ref["figures"], list) or not ref["figures"]:

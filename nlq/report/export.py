@@ -33,6 +33,8 @@ def export_results(src: str | Path, dest: str | Path) -> list[Path]:
     src, dest = Path(src), Path(dest)
     if dest.resolve() == src.resolve():
         raise NlqError(f"export into the folder itself ({src}): give another destination")
+    if dest.exists() and not dest.is_dir():
+        raise NlqError(f"the destination {dest} is a file: give a folder")
     if (src / "study.json").is_file():
         return _export_study(src, dest)
     if not (src / "runs").is_dir():

@@ -39,6 +39,9 @@ def build_report(runs: Sequence[str | Path] | Sequence[Run], out_dir: str | Path
         claims = find_claims(given, [r.dir for r in runs])
     rep = summarize(runs, baseline=baseline, title=title, claims=claims)
     out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise NlqError(f"--out {out} is a file: give a folder for report.md, report.json and "
+                       f"fig1.png")
     lrs = [p / "lrs.json" for p in [out, *given] if (p / "lrs.json").is_file()]
     rep["lrs"] = read_lrs(lrs[0]) if lrs else None
     out.mkdir(parents=True, exist_ok=True)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import sys
 
 import numpy as np
 import torch
@@ -39,7 +40,8 @@ def evaluate(wrapped: torch.nn.Module, batches: Batches, world: World,
 
 @torch.no_grad()
 def evaluate_test(wrapped: torch.nn.Module, batches: Batches, world: World,
-                  autocast: contextlib.AbstractContextManager, split: str = "test") -> dict:
+                  autocast: contextlib.AbstractContextManager, split: str = "test",
+                  progress: bool = False) -> dict:
     """The whole test split: {"doc", "nats", "tokens"} per test document (the sum of nats and
     the number of scored tokens), and {"chunk_size", "chunk_nats", "chunk_tokens"} per chunk
     of the test stream, identical on every rank.
@@ -66,13 +68,14 @@ def evaluate_test(wrapped: torch.nn.Module, batches: Batches, world: World,
             return wrapped(x, y, attn_mask=mask, prefix_len=batches.prefix_len,
                            reduction="none")[1][None]
 
-        return score_test(score, 1, batches, world, autocast, split)[0]
+        return score_test(score, 1, batches, world, autocast, split, progress)[0]
     finally:
         wrapped.train()
 
 
 def score_test(score, K: int, batches: Batches, world: World,
-               autocast: contextlib.AbstractContextManager, split: str = "test") -> list[dict]:
+               autocast: contextlib.AbstractContextManager, split: str = "test",
+               progress: bool = False) -> list[dict]:
     """evaluate_test for K models at once (a stack's members, nlq/train/stacked.py): score(x,
     y, mask) gives the K models' per-token losses (K, b, T) on (b, T) inputs and targets, -1 =
     no target, under the attention mask of Batches.test_inputs_targets (None: the arch's own);
@@ -86,7 +89,15 @@ def score_test(score, K: int, batches: Batches, world: World,
     # per scored slot of every window (16 bytes a test token): the chunks are cut from these
     slot_nats = torch.zeros(K, len(windows), batches.T, dtype=torch.float64, device=dev)
     slot_scored = torch.zeros(len(windows), batches.T, dtype=torch.float64, device=dev)
-    for c in range(world.rank, n_chunks, W):
+    chunks = range(world.rank, n_chunks, W)
+    if progress and world.main:  # `nlq eval` of a large split: minutes on a CPU
+        from tqdm import tqdm
+
+        from nlq.progress import bar_interval
+
+        chunks = tqdm(chunks, desc=f"scoring {split}", unit="batch", file=sys.stderr,
+                      dynamic_ncols=True, mininterval=bar_interval())
+    for c in chunks:
         w = windows[c * B:(c + 1) * B]  # (b, T+1), b <= B; empty for a padding chunk
         if len(w) == 0:
             w = torch.full((1, batches.T + 1), -1, dtype=torch.long)
