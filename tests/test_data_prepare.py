@@ -461,3 +461,16 @@ def test_cli_binary_file_names_it(tmp_path):
         (f"nlq: error: {f} looks like a binary file, not text (NUL byte at offset 0); give "
          f"UTF-8 .txt, .jsonl or .parquet files")]
     assert not (tmp_path / "o").exists()
+
+
+def test_a_text_field_for_sources_without_fields_is_an_error(tmp_path):
+    """--text-field names a column: for .txt files or an embedded corpus it would be ignored
+    yet recorded in meta.json (and a later prepare without it refused as other arguments)."""
+    from nlq.errors import NlqError
+
+    (tmp_path / "a.txt").write_text("some text\n\nmore text\n")
+    with pytest.raises(NlqError, match="--text-field 'body': .* .txt files only"):
+        sources.open_source(str(tmp_path / "a.txt"), "body")
+    with pytest.raises(NlqError, match="embedded corpus has no fields"):
+        sources.open_source("embedded:all", "body")
+    assert sources.open_source(str(tmp_path / "a.txt"), "text")  # the default: fine

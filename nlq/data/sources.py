@@ -133,8 +133,13 @@ def embedded(spec: str) -> Source:
 # ---------------------------------------------------------------- local files
 
 def local(spec: str, text_field: str) -> Source:
+    files = local_files(spec)
+    if text_field != "text" and all(f.suffix == ".txt" for f in files):
+        raise NlqError(f"--text-field {text_field!r}: {spec} holds .txt files only, which have "
+                       f"no fields (it names the text column of .jsonl, .parquet and hf: "
+                       f"sources)")
     docs = []
-    for f in local_files(spec):
+    for f in files:
         if f.suffix == ".txt":
             docs += read_txt(f)
         elif f.suffix == ".jsonl":
@@ -209,6 +214,9 @@ def open_source(spec: str, text_field: str = "text") -> Source:
     if not spec:
         raise NlqError(f"empty --source (expected {SPEC_HELP})")
     if spec in EMBEDDED:
+        if text_field != "text":
+            raise NlqError(f"--text-field {text_field!r}: an embedded corpus has no fields "
+                           f"(it names the text column of .jsonl, .parquet and hf: sources)")
         return embedded(spec)
     if spec.startswith("embedded:"):
         raise NlqError(f"unknown embedded corpus {spec!r} (choose {', '.join(EMBEDDED)})")
