@@ -10,14 +10,14 @@ a study (`nlq study`, nlq/experiments/study.py, runs the rungs).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 from nlq.config import load_config, read_toml
 from nlq.config.load import preset_names
 from nlq.errors import NlqError
 from nlq.experiments.experiment import load_experiment
-from nlq.experiments.sweep import check_grid
+from nlq.experiments.sweep import LR_CHOICE, SEED_OFFSET, check_grid
 
 
 @dataclass(frozen=True)
@@ -150,3 +150,19 @@ def steps_for(cfg, tokens_per_param, where: str) -> dict:
                        f"step(s) of {per_step:,} tokens: too few to train")
     return {"train.max_steps": steps,
             "train.warmup_steps": max(1, round(steps * t.warmup / t.max_steps))}
+
+
+RUNG_FILE = "rung.json"  # OUT/<rung>/rung.json: the record a study started the rung with
+
+
+def rung_record(ladder: Ladder, rung: Rung) -> dict:
+    """What fixes a rung's numbers: written once, compared on every resume."""
+    exp = load_experiment(ladder.experiment)
+    rec = {"experiment": exp.name, "arms": ladder.arms, **asdict(rung),
+           # how the sweep chose: a rung swept otherwise (other seeds, another rule) has
+           # other lrs, so other comparison runs
+           "sweep_seed_offset": SEED_OFFSET, "lr_choice": LR_CHOICE}
+    rec.pop("description")  # words only: may change
+    if rec["stack"] == 1:  # lone runs: the record of a rung from before stacks existed
+        rec.pop("stack")
+    return rec

@@ -20,35 +20,20 @@ import json
 import math
 import sys
 import time
-from dataclasses import asdict
 from pathlib import Path
 
 from nlq import runfiles
 from nlq.errors import NlqError
 from nlq.experiments.experiment import experiment_arms, experiment_path, load_experiment
-from nlq.experiments.ladder import Ladder, Rung, load_ladder
+from nlq.experiments.ladder import RUNG_FILE, Ladder, Rung, load_ladder, rung_record
 from nlq.experiments.plan import check_out
 from nlq.experiments.reproduce import reproduce
-from nlq.experiments.sweep import LR_CHOICE, RESULT_FILE, SEED_OFFSET, grid_step, sweep
+from nlq.experiments.sweep import RESULT_FILE, grid_step, sweep
 from nlq.fsutil import write_atomic
 from nlq.model.params import flops_per_token
 
 MAX_WIDEN = 4.0  # how far (a factor) a sweep's grid may grow per side when its best is an edge
-RUNG_FILE = "rung.json"
 H100_BF16_TFLOPS, GPU_MFU = 989.0, 0.40  # the GPU estimate's assumptions, printed with it
-
-
-def rung_record(ladder: Ladder, rung: Rung) -> dict:
-    """What fixes a rung's numbers: written once, compared on every resume."""
-    exp = load_experiment(ladder.experiment)
-    rec = {"experiment": exp.name, "arms": ladder.arms, **asdict(rung),
-           # how the sweep chose: a rung swept otherwise (other seeds, another rule) has
-           # other lrs, so other comparison runs
-           "sweep_seed_offset": SEED_OFFSET, "lr_choice": LR_CHOICE}
-    rec.pop("description")  # words only: may change
-    if rec["stack"] == 1:  # lone runs: the record of a rung from before stacks existed
-        rec.pop("stack")
-    return rec
 
 
 def check_rung(out: Path, record: dict, write: bool = True) -> None:

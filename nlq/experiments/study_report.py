@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 from nlq import runfiles
+from nlq.experiments.ladder import RUNG_FILE, rung_record
 from nlq.extras import need
 from nlq.fsutil import write_atomic
 from nlq.runfiles import read_summary
@@ -18,8 +19,6 @@ from nlq.sysinfo import cpu_name
 
 
 def rung_rows(ladder, out: Path) -> list[dict]:
-    from nlq.experiments.study import RUNG_FILE, rung_record
-
     rows = []
     for name, rung in ladder.rungs.items():
         path = out / name / "compare" / "report.json"
