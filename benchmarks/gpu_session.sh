@@ -8,7 +8,9 @@
 # here; carry a copy to a machine without network); without it the official-* rows are left out.
 #
 # 1. meanwhile: the GPU tests (pytest -m gpu) and torch.compile's caches warmed for every
-#    compiled variant, four processes at a time (compiling is CPU work; nothing is timed yet);
+#    compiled variant, NLQ_WARM_JOBS (default 3) processes at a time (compiling is CPU work;
+#    nothing is timed yet; each GPT-3 small process holds ~17 GiB, so 4 and the tests may
+#    not fit an 80 GB H100);
 # 2. alone on the GPU: train_bench at GPT-3 small (12 x 1024, bf16) for nlq's arms eager and
 #    compiled, the nanoGPT-style reference and the official code's model alike, the chunked
 #    loss and DDP in one process, with each row's top GPU kernels (profile);
@@ -43,7 +45,7 @@ export PY BENCH
 {
     for v in ${BIG//,/ }; do [[ $v == *compile* && $v != *ddp* ]] && echo "gpt3-small-gpu $v"; done
     for v in ${SMALL//,/ }; do [[ $v == *compile* || $v == *cudagraphs* ]] && echo "r1-gpu $v"; done
-} | timeout 150 xargs -P 4 -L 1 bash -c 'warm "$0" "$1"'
+} | timeout 150 xargs -P "${NLQ_WARM_JOBS:-3}" -L 1 bash -c 'warm "$0" "$1"'
 wait $tests
 echo "tests exit $? after $(( $(date +%s) - t0 )) s"
 tail -5 "$OUT_DIR/gpu_tests.log"

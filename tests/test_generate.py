@@ -112,7 +112,8 @@ def test_bad_sampling_settings_and_encoders_are_refused():
     m = small_model()
     idx = torch.zeros(1, 1, dtype=torch.long)
     for kw, msg in (({"top_p": 0.0}, "top-p"), ({"top_p": 1.5}, "top-p"),
-                    ({"top_k": 0}, "top-k"), ({"temperature": -1.0}, "temperature")):
+                    ({"top_k": 0}, "top-k"), ({"temperature": -1.0}, "temperature"),
+                    ({"temperature": 0.0, "top_k": 5}, "no effect")):
         with pytest.raises(NlqError, match=msg):
             m.generate(idx, 3, **kw)
     with pytest.raises(NlqError, match="encoder"):

@@ -116,7 +116,8 @@ def add_convert_arguments(p) -> None:
     add_step_argument(p)
     p.add_argument("--to", default="gpt2", choices=("gpt2", "hf"),
                    help="the format: gpt2, transformers' GPT2LMHeadModel (a linear decoder "
-                        "only); hf, model_type 'nlq' (any arm; load it after `import nlq.hf`)")
+                        "only); hf, model_type 'nlq' (any arm; load it after `import nlq.hf`; "
+                        "nlq eval and nlq sample read it too). Default gpt2")
     p.add_argument("--out", required=True, metavar="DIR",
                    help="the folder written: new, empty, or one `nlq convert` wrote before "
                         "(replaced whole); its nlq_convert.json names the source and step")

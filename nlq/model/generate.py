@@ -20,6 +20,9 @@ def check_sampling(temperature: float, top_k: int | None, top_p: float | None) -
         raise NlqError(f"top-k must be >= 1, got {top_k}")
     if top_p is not None and not (0.0 < top_p <= 1.0):
         raise NlqError(f"top-p must be in (0, 1], got {top_p}")
+    if temperature == 0 and (top_k is not None or top_p is not None):
+        raise NlqError("top-k and top-p choose among tokens to sample: at temperature 0 (the "
+                       "most likely token, greedy) they have no effect; give one or the other")
 
 
 def filter_logits(logits: torch.Tensor, top_k: int | None, top_p: float | None) -> torch.Tensor:
