@@ -18,7 +18,8 @@ def keyed_normal_(w: torch.Tensor, std: float, seed: int, name: str, nested: boo
     nested (model.init_nested): drawn from numpy's PCG64, whose normals come one after the
     other, so the first k values of a stream are the same however many are drawn; a matrix
     is filled unit by unit (row by row, or with units_last column by column), so a tensor
-    with more units (or longer units) starts with the smaller one's values."""
+    with more units starts with the smaller one's values (one with longer units matches it
+    in its first unit only: the stream runs on through the rows)."""
     if w.is_meta:  # counting parameters (nlq/model/params.py): nothing to draw
         return
     if nested:

@@ -41,7 +41,10 @@ def pct_vs(n: int, base: int) -> float:
 
 def flops_per_token(cfg: ModelConfig) -> float:
     """Training FLOPs per token: 6 N for the matmul weights (forward + backward; N excludes the
-    position table, which is a lookup, and counts the tied token table once as the output
-    head) plus 12 L d T for attention scores and values (Kaplan et al. 2020; PaLM app. B)."""
+    position table and an untied token table, lookups both, and counts a tied token table
+    once, as the output head) plus 12 L d T for attention scores and values (Kaplan et al.
+    2020; PaLM app. B)."""
     n = count_params(cfg)[0] - (cfg.block_size * cfg.d_model if cfg.pos_emb == "learned" else 0)
+    if not cfg.tie_embeddings:  # the input table is a lookup; lm_head is the matmul
+        n -= cfg.vocab_size * cfg.d_model
     return 6.0 * n + 12.0 * cfg.n_layer * cfg.d_model * cfg.block_size
