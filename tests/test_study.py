@@ -444,3 +444,18 @@ def test_reproduce_refuses_claims_changed_over_finished_runs(tmp_path):
     check_claims(tmp_path, paper)  # the same claims: fine
     with pytest.raises(NlqError, match="hypothesis.comparisons .* claims are fixed before"):
         check_claims(tmp_path, load_experiment("strong-baseline"))
+
+
+def test_scale_figure_joins_only_rungs_of_one_token_budget():
+    """S0 and S0-short are one model at two budgets: the scale figure joins the rungs of the
+    budget most share (S0-short, S1, S2 at 20.8 tokens per parameter), S0 a point apart."""
+    from pathlib import Path
+
+    from nlq.experiments.study_report import budget, token_budgets
+
+    rows = json.loads((Path(__file__).parents[1] / "results" / "study" / "study.json")
+                      .read_text())["rungs"]
+    done = [r for r in rows if r["status"] == "done"]
+    main, counts = token_budgets(done)
+    assert main == 20.8 and counts == {82.8: 1, 20.8: 3}
+    assert [r["rung"] for r in done if budget(r) != main] == ["S0"]

@@ -185,6 +185,19 @@ def load_name(ladder) -> str:
     return load_experiment(ladder.experiment).name
 
 
+def budget(row: dict) -> float:
+    """A finished rung's tokens per non-embedding parameter of its baseline, to 0.1."""
+    return round(row["tokens_per_run"] / row["params_non_embedding"], 1)
+
+
+def token_budgets(done: list[dict]) -> tuple[float | None, dict[float, int]]:
+    """(the budget most finished rungs share, the lower on a tie; rungs per budget)."""
+    counts: dict[float, int] = {}
+    for r in done:
+        counts[budget(r)] = counts.get(budget(r), 0) + 1
+    return (max(counts, key=lambda b: (counts[b], -b)) if counts else None), counts
+
+
 def draw_scale(rows: list[dict], path: Path) -> None:
     matplotlib = need("matplotlib", "the scale figure")
     matplotlib.use("Agg")
@@ -193,32 +206,46 @@ def draw_scale(rows: list[dict], path: Path) -> None:
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
     done = [r for r in rows if r["status"] == "done"]
     arms = sorted({a for r in done for a in r["arms"] if a != r["baseline"]})
+    # a line joins the rungs of one token budget (tokens per parameter) only: rungs of another
+    # budget (S0 beside S0-short, the same model) are points of their own, squares
+    main, counts = token_budgets(done)
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     for i, a in enumerate(arms):
-        pts = [(r["params_non_embedding"], r["arms"][a], r["control_passed"]) for r in done
-               if a in r["arms"] and r["arms"][a]["delta_pct"] is not None]
-        if not pts:
-            continue
-        # a small horizontal offset per arm keeps the error bars apart
-        xs = [p * (1 + 0.04 * (i - len(arms) / 2)) for p, _, _ in pts]
-        ys = [v["delta_pct"] for _, v, _ in pts]
-        err = [[y - (v["ci95"][0] if v["ci95"][0] is not None else y) for y, (_, v, _) in
-                zip(ys, pts, strict=True)],
-               [(v["ci95"][1] if v["ci95"][1] is not None else y) - y for y, (_, v, _) in
-                zip(ys, pts, strict=True)]]
-        line = ax.errorbar(xs, ys, yerr=err, marker="o", capsize=3, label=a)
-        for x, y, (_, _, ok) in zip(xs, ys, pts, strict=True):
-            if ok is False:  # the control failed here: the point cannot test the claim
-                ax.plot(x, y, marker="x", color=line[0].get_color(), markersize=12)
+        color = colors[i % len(colors)]
+        for b in sorted(counts, key=lambda b: b != main):
+            pts = [(r["params_non_embedding"], r["arms"][a], r["control_passed"]) for r in done
+                   if budget(r) == b and a in r["arms"] and r["arms"][a]["delta_pct"] is not None]
+            if not pts:
+                continue
+            # a small horizontal offset per arm keeps the error bars apart
+            xs = [p * (1 + 0.04 * (i - len(arms) / 2)) for p, _, _ in pts]
+            ys = [v["delta_pct"] for _, v, _ in pts]
+            err = [[y - (v["ci95"][0] if v["ci95"][0] is not None else y) for y, (_, v, _) in
+                    zip(ys, pts, strict=True)],
+                   [(v["ci95"][1] if v["ci95"][1] is not None else y) - y for y, (_, v, _) in
+                    zip(ys, pts, strict=True)]]
+            ax.errorbar(xs, ys, yerr=err, marker="o" if b == main else "s", capsize=3,
+                        color=color, linestyle="-" if b == main else "none",
+                        label=a if b == main else None)
+            for x, y, (_, _, ok) in zip(xs, ys, pts, strict=True):
+                if ok is False:  # the control failed here: the point cannot test the claim
+                    ax.plot(x, y, marker="x", color=color, markersize=12)
     ax.axhline(0.0, color="grey", lw=0.8)
     ax.set_xscale("log")
     xs = sorted({r["params_non_embedding"] for r in done})
-    if xs:  # one tick per rung, labelled with its size; room for the offsets around it
+    if xs:  # one tick per size, labelled with it and its rungs; room for the offsets around it
         ax.set_xlim(xs[0] / 1.6, xs[-1] * 1.6)
-        ax.set_xticks(xs, [f"{x / 1e3:.0f}k" if x < 1e6 else f"{x / 1e6:.1f}M" for x in xs])
+        names = {x: "/".join(r["rung"] for r in done if r["params_non_embedding"] == x)
+                 for x in xs}
+        ax.set_xticks(xs, [(f"{x / 1e3:.0f}k" if x < 1e6 else f"{x / 1e6:.1f}M") + "\n"
+                           + names[x] for x in xs])
         ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
     ax.set_xlabel("non-embedding parameters of the baseline")
     ax.set_ylabel("Δ test log-loss vs baseline (%), paired 95% CI")
-    ax.set_title("nlq study (x: positive control failed)")
+    other = ", ".join(f"{b:g}" for b in sorted(counts) if b != main)
+    ax.set_title("nlq study (x: positive control failed"
+                 + (f"; squares: {other} tokens/param, lines: {main:g}" if other else "")
+                 + ")", fontsize=9)
     if arms:
         ax.legend(fontsize=8)
     fig.tight_layout()
