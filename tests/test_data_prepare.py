@@ -474,3 +474,19 @@ def test_a_text_field_for_sources_without_fields_is_an_error(tmp_path):
     with pytest.raises(NlqError, match="embedded corpus has no fields"):
         sources.open_source("embedded:all", "body")
     assert sources.open_source(str(tmp_path / "a.txt"), "text")  # the default: fine
+
+
+def test_a_trained_tokenizer_edited_since_is_prepared_again(tmp_path, txt_dir):
+    """meta.json records the trained tokenizer's sha256: the same arguments over a folder whose
+    tokenizer.json was edited redo the folder instead of reusing ids that now mean other text."""
+    out = tmp_path / "bpe"
+    meta = run_prepare(source=str(txt_dir), tokenizer="bpe:700", out=out, val_fraction=0.2)
+    tj = out / "tokenizer.json"
+    good = tj.read_bytes()
+    assert meta["tokenizer_sha256"] == hashlib.sha256(good).hexdigest()
+    assert run_prepare(source=str(txt_dir), tokenizer="bpe:700", out=out,
+                       val_fraction=0.2) == meta  # unchanged: reused
+    tj.write_bytes(good.replace(b'"merges"', b'"merges" ', 1))  # any edit
+    assert run_prepare(source=str(txt_dir), tokenizer="bpe:700", out=out,
+                       val_fraction=0.2)["tokenizer_sha256"] == meta["tokenizer_sha256"]
+    assert tj.read_bytes() == good  # trained again, the same (deterministic)

@@ -10,6 +10,7 @@ made with other arguments is not overwritten without --force.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 from pathlib import Path
 
@@ -70,4 +71,9 @@ def existing(out: Path, args: dict) -> dict | None:
         TokenData.open(out)
     except NlqError:
         return None  # same args but damaged shards: redo them
+    want = meta.get("tokenizer_sha256")
+    if want is not None:  # a trained tokenizer edited or replaced since: its ids mean other text
+        tj = out / "tokenizer.json"
+        if not tj.is_file() or hashlib.sha256(tj.read_bytes()).hexdigest() != want:
+            return None  # redo it: the preparation is deterministic
     return meta

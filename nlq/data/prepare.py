@@ -22,6 +22,7 @@ checks, and the reuse of a finished output, are nlq/data/outdir.py.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import sys
 import time
@@ -198,6 +199,9 @@ def _write(out: Path, args: dict, workers: int, command: list[str] | None,
             **{f"{name}_docs": counts[name] for name in names},
             "text_bytes": counts["bytes"],
             "sha256": {f"{name}.bin": w.sha.hexdigest() for name, w in zip(names, writers)},
+            # a trained tokenizer is part of what the ids mean: a reuse checks it (outdir.py)
+            **({"tokenizer_sha256": hashlib.sha256(tok_tmp.read_bytes()).hexdigest()}
+               if kind == "bpe" else {}),
             "nlq_version": __version__,
             "command": command if command is not None else ["nlq", *sys.argv[1:]],
             "seed": seed, "val_fraction": val_fraction, "test_fraction": test_fraction,
