@@ -82,9 +82,9 @@ def sweep_plan(experiment: str, preset: str, arms: list[str] | None, lrs: list[f
                seeds: int, out: Path, sets: dict | None,
                threads: int = 1) -> tuple[list[RunSpec], dict]:
     check_grid(lrs)
-    swept = sorted({"train.lr", "train.min_lr"} & set(sets or {}))
-    if swept:  # the grid sets both: a --set value would be silently replaced
-        raise NlqError(f"--set {swept[0]}: a sweep sets the lr from --lrs (and min_lr keeps its "
+    fixed = sorted({"train.lr", "train.min_lr"} & set(sets or {}))
+    if fixed:  # the grid sets both: a --set value would be silently replaced
+        raise NlqError(f"--set {fixed[0]}: a sweep sets the lr from --lrs (and min_lr keeps its "
                        f"ratio to lr): leave it out")
     if seeds < 2:
         raise NlqError(f"--seeds must be >= 2 for a sweep (the choice averages over seeds), "
@@ -107,8 +107,8 @@ def sweep_plan(experiment: str, preset: str, arms: list[str] | None, lrs: list[f
         same = next((a for a, c in firsts.items() if c == cfg), None)
         if same is not None:
             raise NlqError(f"arms {same!r} and {s.arm!r} are the same config once a sweep sets "
-                           f"the lr ({s.arm!r}'s lr_scale only scales the lr the sweep "
-                           f"chooses): list one of them in --arms")
+                           f"the lr (they differ at most in it: an arm's lr_scale only scales "
+                           f"the lr the sweep chooses): list one of them in --arms")
         firsts[s.arm] = cfg
     specs = []
     for lr in lrs:
