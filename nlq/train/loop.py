@@ -269,9 +269,12 @@ def train_step(run: Run, step: int) -> tuple[float, float, float]:
         g["lr"] = lr
     torch.manual_seed(step_seed(t.seed, step, world.rank))
     loss_sum = torch.zeros((), device=run.device)
-    weights = mlm_weights(run, step) if run.batches.objective == "mlm" else None
+    # a masked LM's weights need every micro-batch's targets first: fetched once, up front
+    ready = ([run.batches.train(step, m) for m in micros] if run.batches.objective == "mlm"
+             else None)
+    weights = mlm_weights(run, [y for _, y in ready]) if ready else None
     for i, micro in enumerate(micros):
-        x, y = run.batches.train(step, micro)
+        x, y = ready[i] if ready else run.batches.train(step, micro)
         with dist.grad_sync(run.wrapped, t.parallel, world, sync=i == len(micros) - 1):
             with run.autocast:
                 _, loss = run.wrapped(x, y, prefix_len=run.batches.prefix_len)
@@ -297,12 +300,12 @@ def train_step(run: Run, step: int) -> tuple[float, float, float]:
     return lr, train_loss, grad_norm
 
 
-def mlm_weights(run: Run, step: int) -> list[float]:
-    """Per micro-step of this rank, the weight of its mean loss that makes the step the mean
-    over all the step's masked targets (all ranks): its targets / the step's, times the world
-    size (DDP/FSDP average the ranks' gradients). The masks are functions of the step and
-    window alone (nlq/run/batches.py), so they are counted on the CPU before the forwards."""
-    counts = [float((run.batches.train_cpu(step, m)[1] >= 0).sum()) for m in run.batches.micros]
+def mlm_weights(run: Run, targets: list[torch.Tensor]) -> list[float]:
+    """Per micro-step of this rank (targets: its micro-batches' targets, -1 = none), the weight
+    of its mean loss that makes the step the mean over all the step's masked targets (all
+    ranks): its targets / the step's, times the world size (DDP/FSDP average the ranks'
+    gradients)."""
+    counts = [float((y >= 0).sum()) for y in targets]
     total = all_reduce_sum(torch.tensor(sum(counts), dtype=torch.float64, device=run.device),
                            run.world).item()
     return [c * run.world.size / max(total, 1.0) for c in counts]

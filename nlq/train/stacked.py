@@ -259,12 +259,15 @@ class Stack:
         for g in self.optimizer.param_groups:
             g["lr"] = lr
         loss_sum = torch.zeros(self.K, device=m0.device)
-        weights = None
+        weights = ready = None
         if m0.batches.objective == "mlm":  # per member, as a lone run's (nlq/train/loop.py)
-            weights = torch.tensor([mlm_weights(m, step) for m in self.members],
+            ready = [[m.batches.train(step, micro) for m in self.members] for micro in micros]
+            weights = torch.tensor([mlm_weights(m, [r[k][1] for r in ready])
+                                    for k, m in enumerate(self.members)],
                                    dtype=torch.float32, device=m0.device).T  # (micros, K)
         for i, micro in enumerate(micros):
-            xs, ys = zip(*(m.batches.train(step, micro) for m in self.members))
+            xs, ys = zip(*(ready[i] if ready else
+                           (m.batches.train(step, micro) for m in self.members)))
             x, y = torch.stack(xs), torch.stack(ys)  # (K, B, T) each
             with m0.autocast:
                 losses = vmap(self._loss)(self.params, self.buffers, x, y)  # (K,)
